@@ -1,0 +1,107 @@
+"""The one protocol every framework adapter implements, with the same method names everywhere.
+
+The framework-neutral training loop (`toolkit.trainer`) drives an adapter through these methods
+only; toolkit algorithms use the tensor operations at the bottom, on numpy arrays.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from toolkit.errors import ToolkitError
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: str          # "cpu" or "cuda:0", "gpu(1)", ... as the framework names it
+
+
+def import_horovod(module: str, framework: str):
+    """`import horovod.<fw>`, turning a missing or partial Horovod build into a one-line fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        if "has not been built" in text or "mpi_lib" in text:
+            raise ToolkitError(f"Horovod was built without {framework} support ({text}); rebuild it "
+                               f"with `toolkit build-horovod --frameworks {framework}` (or `make setup`)") from None
+        if getattr(e, "name", None) == "horovod":
+            raise ToolkitError("Horovod is not installed in this Python; run `make setup` "
+                               "(or `toolkit build-horovod`)") from None
+        raise ToolkitError(f"cannot import {module}: {text}; run `toolkit doctor` for the fix") from None
+
+
+def apply_horovod_tuning(config) -> None:
+    """Fusion threshold and cycle time from the config, set before `hvd.init()` reads them."""
+    if config.fusion_threshold_mb is not None:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
+    if config.cycle_time_ms is not None:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
+
+
+def require_gpu_if_asked(has_gpu: bool) -> None:
+    """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
+    if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
+        raise ToolkitError("TOOLKIT_REQUIRE_GPU=1 but the framework sees no GPU; unset it to run on CPU")
+
+
+class Adapter(abc.ABC):
+    name: str
+
+    # -- lifecycle, called in this order by toolkit.trainer ------------------------------------
+    @abc.abstractmethod
+    def init(self, config) -> Topology:
+        """hvd.init, threads and device per local rank."""
+
+    @abc.abstractmethod
+    def build(self, config, num_features: int, num_classes: int) -> None:
+        """Model and optimizer, initial weights seeded with config.seed + rank (different on purpose)."""
+
+    @abc.abstractmethod
+    def wrap(self, config) -> None:
+        """Distributed optimizer with the configured compression, accumulation and op."""
+
+    @abc.abstractmethod
+    def broadcast(self) -> None:
+        """Model and optimizer state from rank 0 to every rank."""
+
+    @abc.abstractmethod
+    def set_lr(self, lr: float) -> None: ...
+
+    @abc.abstractmethod
+    def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
+        """One optimizer step over `accumulation_steps` micro-batches of numpy (x, y); local mean loss."""
+
+    @abc.abstractmethod
+    def evaluate(self, x, y) -> tuple[float, int, int]:
+        """(sum of losses, correct, count) on this rank's numpy arrays."""
+
+    @abc.abstractmethod
+    def save(self, folder: Path) -> None:
+        """Write model + optimizer state into `folder` (the checkpoint module makes it atomic)."""
+
+    @abc.abstractmethod
+    def load(self, folder: Path) -> None: ...
+
+    @abc.abstractmethod
+    def parameters(self) -> list:
+        """Model state as numpy arrays, in a fixed order (for digests and comparisons)."""
+
+    # -- tensor operations for toolkit algorithms -------------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, array, average: bool = True):
+        """numpy array in, numpy array out, summed or averaged over ranks."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj) -> list: ...
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj, root: int = 0): ...

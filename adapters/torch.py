@@ -1,0 +1,121 @@
+"""PyTorch through Horovod: `hvd.DistributedOptimizer` with compression, accumulation and op."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod,
+                           require_gpu_if_asked)
+from toolkit.config import Compression, Config, Model, Op, Optimizer
+
+STATE_FILE = "state.pt"
+
+
+def build_model(config: Config, num_features: int, num_classes: int) -> torch.nn.Module:
+    if config.model is Model.LINEAR:
+        return torch.nn.Linear(num_features, num_classes)
+    layers, width = [], num_features
+    for _ in range(config.hidden_layers):
+        layers += [torch.nn.Linear(width, config.hidden_size), torch.nn.ReLU()]
+        width = config.hidden_size
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, num_classes))
+
+
+class TorchAdapter(Adapter):
+    name = "torch"
+
+    def init(self, config: Config) -> Topology:
+        apply_horovod_tuning(config)
+        self.hvd = hvd = import_horovod("horovod.torch", "torch")
+        hvd.init()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        has_gpu = torch.cuda.is_available()
+        require_gpu_if_asked(has_gpu)
+        if has_gpu:
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        else:
+            self.device = torch.device("cpu")
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.device))
+
+    def build(self, config: Config, num_features: int, num_classes: int) -> None:
+        torch.manual_seed(config.seed + self.hvd.rank())
+        self.model = build_model(config, num_features, num_classes).to(self.device)
+        params = self.model.parameters()
+        if config.optimizer is Optimizer.SGD:
+            self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                             weight_decay=config.weight_decay)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+
+    def wrap(self, config: Config) -> None:
+        hvd = self.hvd
+        self.accumulation_steps = config.accumulation_steps
+        self.optimizer = hvd.DistributedOptimizer(
+            self.optimizer, named_parameters=self.model.named_parameters(),
+            compression=hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none,
+            backward_passes_per_step=config.accumulation_steps,
+            op={Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: hvd.Adasum}[config.op])
+
+    def broadcast(self) -> None:
+        # Optimizer state first: Horovod fills an empty state with a zero-gradient step, which
+        # must not touch parameters after they are made equal.
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _tensors(self, x, y):
+        return (torch.from_numpy(x).to(self.device, non_blocking=True),
+                torch.from_numpy(y).to(self.device, non_blocking=True))
+
+    def train_step(self, batches) -> float:
+        self.model.train()
+        self.optimizer.zero_grad()
+        total = torch.zeros((), device=self.device)
+        for x, y in batches:
+            xt, yt = self._tensors(x, y)
+            loss = F.cross_entropy(self.model(xt), yt) / len(batches)
+            loss.backward()
+            total += loss.detach()
+        self.optimizer.step()
+        return float(total)
+
+    @torch.no_grad()
+    def evaluate(self, x, y) -> tuple[float, int, int]:
+        self.model.eval()
+        if len(x) == 0:
+            return 0.0, 0, 0
+        xt, yt = self._tensors(x, y)
+        logits = self.model(xt)
+        loss = F.cross_entropy(logits, yt, reduction="sum")
+        return float(loss), int((logits.argmax(1) == yt).sum()), len(y)
+
+    def save(self, folder: Path) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                   folder / STATE_FILE)
+
+    def load(self, folder: Path) -> None:
+        state = torch.load(folder / STATE_FILE, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def parameters(self) -> list:
+        return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
+
+    def allreduce(self, array, average: bool = True):
+        out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
+                                 op=self.hvd.Average if average else self.hvd.Sum)
+        return out.numpy()
+
+    def allgather_object(self, obj) -> list:
+        return self.hvd.allgather_object(obj)
+
+    def broadcast_object(self, obj, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root)

@@ -1,0 +1,113 @@
+"""Config precedence and validation (no framework, no MPI)."""
+import pytest
+
+from toolkit import config
+from toolkit.config import Config, Optimizer
+from toolkit.errors import ToolkitError
+
+
+def write(tmp_path, text, name="cfg.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_are_valid():
+    c = config.resolve({}, environ={})
+    assert c == Config()
+    assert c.framework == "torch" and c.accumulation_steps == 1
+
+
+def test_precedence_yaml_then_env_then_flags(tmp_path):
+    path = write(tmp_path, "lr: 0.2\nepochs: 7\nbatch_size: 16\noptimizer: adam\n")
+    env = {"TOOLKIT_EPOCHS": "9", "TOOLKIT_BATCH_SIZE": "8"}
+    c = config.resolve({"config": path, "batch_size": "4"}, environ=env)
+    assert c.lr == 0.2               # YAML beats the default
+    assert c.epochs == 9             # environment beats YAML
+    assert c.batch_size == 4         # flag beats environment
+    assert c.optimizer is Optimizer.ADAM
+    assert c.momentum == Config().momentum   # untouched keys keep the default
+
+
+def test_every_field_is_a_flag():
+    import argparse
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    args = parser.parse_args(["--accumulation-steps", "4", "--no-resume", "--fusion-threshold-mb", "32"])
+    assert vars(args) == {"accumulation_steps": "4", "resume": False, "fusion_threshold_mb": "32"}
+    c = config.resolve(args, environ={})
+    assert c.accumulation_steps == 4 and c.fusion_threshold_mb == 32.0
+    empty = parser.parse_args([])
+    assert vars(empty) == {}, "unset flags must not override lower sources"
+
+
+def test_yaml_types_and_scientific_notation(tmp_path):
+    # PyYAML reads `1e-3` as a string (YAML 1.1); it must still work as a float.
+    c = config.resolve({"config": write(tmp_path, "lr: 1e-3\nresume: false\ncheckpoint_dir: null\n")}, environ={})
+    assert c.lr == 0.001 and c.resume is False and c.checkpoint_dir is None
+
+
+def test_roundtrip_through_yaml(tmp_path):
+    c = config.resolve({"lr": "0.3", "compression": "fp16", "checkpoint_dir": "x"}, environ={})
+    again = config.resolve({"config": write(tmp_path, c.to_yaml())}, environ={})
+    assert again == c
+
+
+@pytest.mark.parametrize("values, needles", [
+    ({"lr": "abc"}, ["lr='abc'", "--lr", "must be a number"]),
+    ({"batch_size": "0"}, ["batch_size=0", "positive integer", "--batch-size"]),
+    ({"batch_size": "-4"}, ["batch_size=-4"]),
+    ({"epochs": "0"}, ["epochs=0"]),
+    ({"accumulation_steps": "0"}, ["accumulation_steps=0"]),
+    ({"lr": "0"}, ["lr=0.0", "> 0"]),
+    ({"lr": "-0.1"}, ["lr=-0.1"]),
+    ({"batch_size": "2.5"}, ["batch_size='2.5'", "integer"]),
+    ({"framework": "jax"}, ["framework='jax'", "not found. Available: torch"]),
+    ({"optimizer": "rmsprop"}, ["optimizer='rmsprop'", "sgd, adam"]),
+    ({"compression": "zip"}, ["compression='zip'", "none, fp16"]),
+    ({"resume": "maybe"}, ["resume='maybe'", "true or false"]),
+    ({"resume": "true"}, ["checkpoint_dir", "--checkpoint-dir"]),
+    ({"backend": "native"}, ["backend='native'", "framework='torch'"]),
+    ({"momentum": "1.5"}, ["momentum=1.5"]),
+])
+def test_bad_values_name_the_field(values, needles):
+    with pytest.raises(ToolkitError) as e:
+        config.resolve(values, environ={})
+    message = str(e.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("lr: [1, 2\n", ["invalid YAML", "line"]),
+    ("", ["empty"]),
+    ("# only a comment\n", ["no keys"]),
+    ("- a\n- b\n", ["key: value"]),
+    ("batchsize: 3\n", ["unknown key 'batchsize'", "did you mean 'batch_size'"]),
+    ("lr: abc\n", ["lr='abc'", "must be a number"]),
+])
+def test_bad_yaml(tmp_path, text, needles):
+    path = write(tmp_path, text)
+    with pytest.raises(ToolkitError) as e:
+        config.resolve({"config": path}, environ={})
+    for needle in needles:
+        assert needle in str(e.value)
+    assert path in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ToolkitError, match="file not found"):
+        config.resolve({"config": str(tmp_path / "nope.yaml")}, environ={})
+
+
+def test_unknown_environment_variable():
+    with pytest.raises(ToolkitError, match="TOOLKIT_BATCHSIZE; did you mean TOOLKIT_BATCH_SIZE"):
+        config.resolve({}, environ={"TOOLKIT_BATCHSIZE": "3"})
+    # reserved names are not config fields and are left alone
+    assert config.resolve({}, environ={"TOOLKIT_CACHE_DIR": "/tmp/x"}) == Config()
+
+
+def test_env_value_error_names_the_variable():
+    with pytest.raises(ToolkitError, match="from TOOLKIT_LR"):
+        config.resolve({}, environ={"TOOLKIT_LR": "fast"})

@@ -1,0 +1,80 @@
+"""Launcher argv and environment, without MPI (Horovod's test/single style)."""
+import pytest
+
+from tests.conftest import one_line_error, toolkit
+from toolkit import launch
+from toolkit.errors import ToolkitError
+
+CMD = ("python", "examples/train.py", "--framework", "torch")
+
+
+def test_horovodrun_defaults_to_localhost_slots():
+    argv, env = launch.plan(launch.LaunchSpec(command=CMD, np=2, controller="gloo"), environ={"PATH": "/bin"})
+    assert argv[:argv.index("python")] == ["horovodrun", "-np", "2", "-H", "localhost:2",
+                                            "--start-timeout", "60", "--gloo"]
+    assert argv[-len(CMD):] == list(CMD)
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == "/bin"
+
+
+def test_horovodrun_hosts_and_interface():
+    spec = launch.LaunchSpec(command=CMD, np=8, hosts="a:4,b:4", controller="mpi", network_interface="eth0",
+                             start_timeout=30)
+    argv, _ = launch.plan(spec, environ={})
+    assert ["-H", "a:4,b:4"] == argv[3:5] and "--mpi" in argv
+    assert argv[argv.index("--network-interface") + 1] == "eth0"
+    assert argv[argv.index("--start-timeout") + 1] == "30"
+
+
+def test_mpirun_forwards_toolkit_and_python_environment(monkeypatch):
+    monkeypatch.setattr(launch, "_is_root", lambda: True)
+    environ = {"PATH": "/bin", "TOOLKIT_EPOCHS": "3", "HOROVOD_CYCLE_TIME": "1", "HOME": "/root"}
+    argv, env = launch.plan(launch.LaunchSpec(command=CMD, np=2, launcher="mpirun", env=("A=1",)), environ)
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"]
+    forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert {"PATH", "TOOLKIT_EPOCHS", "HOROVOD_CYCLE_TIME", "PYTHONUNBUFFERED"} <= forwarded
+    assert "HOME" not in forwarded
+    assert env["A"] == "1"
+    assert ["-bind-to", "none"] == argv[argv.index("-bind-to"):argv.index("-bind-to") + 2]
+
+
+def test_parse_hosts():
+    assert launch.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
+    assert launch.total_slots("a:4,b:4") == 8
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(np=4, hosts="localhost:2"), "-np 4 is more than the 2 slot(s)"),
+    (dict(np=0), "-np 0"),
+    (dict(np=2, hosts="a:x"), "slots of 'a' must be an integer"),
+    (dict(np=2, hosts="a:0"), "give at least 1"),
+    (dict(np=2, launcher="srun"), "--launcher 'srun'"),
+    (dict(np=2, launcher="mpirun", controller="gloo"), "--gloo needs horovodrun"),
+    (dict(np=2, start_timeout=0), "--start-timeout 0"),
+])
+def test_bad_launch_specs(kwargs, needle):
+    with pytest.raises(ToolkitError) as e:
+        launch.LaunchSpec(command=CMD, **kwargs)
+    assert needle in str(e.value)
+
+
+def test_empty_command():
+    with pytest.raises(ToolkitError, match="no command"):
+        launch.LaunchSpec(command=(), np=2)
+
+
+def test_cli_dry_run_prints_the_command():
+    proc = toolkit("launch", "-np", "2", "--gloo", "--dry-run", "--", "python", "x.py", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    assert "horovodrun -np 2 -H localhost:2 --start-timeout 60 --gloo python x.py --lr 0.1" in proc.stdout
+
+
+def test_cli_np_more_than_slots_is_one_line_error():
+    one_line_error(toolkit("launch", "-np", "4", "-H", "localhost:2", "--", "true"), "-np 4", "slots")
+
+
+def test_cli_propagates_exit_code_and_times_out():
+    proc = toolkit("launch", "-np", "1", "--launcher", "mpirun", "--", "sh", "-c", "exit 3", timeout=60)
+    assert proc.returncode == 3
+    proc = toolkit("launch", "-np", "1", "--launcher", "mpirun", "--timeout", "2", "--", "sleep", "30", timeout=60)
+    assert proc.returncode == 124
+    one_line_error(proc, "--timeout 2s")

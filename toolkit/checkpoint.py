@@ -1,0 +1,94 @@
+"""Checkpoints as folders `ckpt-<step>/`, written atomically by rank 0, the last N kept.
+
+The adapter writes its framework's files into a temporary folder; this module adds
+`meta.json` (progress plus a sha256 of every file), then renames the folder into place, so a
+reader sees a whole checkpoint or none. `latest()` checks the hashes before anything is loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from toolkit.errors import ToolkitError
+
+PREFIX = "ckpt-"
+META = "meta.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], None],
+         keep: int) -> Path:
+    """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        write(tmp)
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {"step": step, **progress, "files": files}
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        for p in tmp.iterdir():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        if final.exists():          # the same step saved again (e.g. a resumed run): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in all_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def all_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def verify(path: Path) -> dict:
+    """The checkpoint's meta; a one-line error if a file is missing or its hash differs."""
+    try:
+        meta = json.loads((path / META).read_text())
+        files = meta["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ToolkitError(f"checkpoint {path} is unreadable ({META}: {e.__class__.__name__}); "
+                           f"move it out of the folder to resume from the one before") from None
+    for name, digest in files.items():
+        p = path / name
+        if not p.is_file() or _sha256(p) != digest:
+            raise ToolkitError(f"checkpoint {path} is corrupt ({name} does not match its sha256); "
+                               f"move it out of the folder to resume from the one before")
+    return meta
+
+
+def latest(directory: str | os.PathLike) -> tuple[Path, dict]:
+    found = all_checkpoints(directory)
+    if not found:
+        raise ToolkitError(f"--resume: no checkpoint in {directory}; run once without --resume "
+                           f"(with --checkpoint-dir {directory}) first")
+    return found[-1], verify(found[-1])

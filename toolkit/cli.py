@@ -1,0 +1,29 @@
+"""`toolkit <command>`: the entry only registers the commands (one module each in commands/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from toolkit.commands import build_horovod, config as config_cmd, doctor, launch, setup, train
+from toolkit.errors import ToolkitError
+
+COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolkit", description="Horovod that works today: "
+                                "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ToolkitError as e:
+        print(f"toolkit: error: {e}", file=sys.stderr, flush=True)
+        return e.code

@@ -1,0 +1,1 @@
+"""One module per `toolkit` subcommand, each with `register(subparsers)` (imports stay light)."""

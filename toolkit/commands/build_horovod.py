@@ -1,0 +1,28 @@
+"""`toolkit build-horovod`: Horovod 0.28.1 built against this environment's frameworks, cached."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build-horovod", help="build (or install from cache) Horovod for the installed frameworks",
+                       description="Builds Horovod from its sdist with the workarounds today's frameworks "
+                                   "need, verifies each extension imports, and caches the wheel under "
+                                   "~/.cache/toolkit/horovod/<key> (TOOLKIT_CACHE_DIR to move it).")
+    p.add_argument("--frameworks", default="torch,tensorflow,mxnet",
+                   help="comma-separated subset of torch,tensorflow,mxnet (default: all three)")
+    p.add_argument("--gpu", action="store_true", help="GPU operations through NCCL (HOROVOD_GPU_OPERATIONS=NCCL)")
+    p.add_argument("--no-mpi", action="store_true", help="build without the MPI controller")
+    p.add_argument("--no-gloo", action="store_true", help="build without the Gloo controller")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra build variable, e.g. HOROVOD_DEBUG=1 (repeatable)")
+    p.add_argument("--sdist", default=None, help="a local horovod sdist instead of fetching horovod==0.28.1")
+    p.add_argument("--force", action="store_true", help="rebuild even when the cache holds this build")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from toolkit import horovod_build
+
+    spec = horovod_build.BuildSpec(
+        frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
+        gpu=args.gpu, mpi=not args.no_mpi, gloo=not args.no_gloo, extra_env=tuple(args.env))
+    horovod_build.build_and_install(spec, force=args.force, sdist=args.sdist)
+    return 0

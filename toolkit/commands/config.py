@@ -1,0 +1,19 @@
+"""`toolkit config show`: the resolved config (defaults < YAML < TOOLKIT_* < flags) as YAML."""
+import sys
+
+
+def register(sub) -> None:
+    from toolkit import config
+
+    p = sub.add_parser("config", help="show the resolved configuration")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    show = verbs.add_parser("show", help="print the resolved config as YAML")
+    config.add_arguments(show)
+    show.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from toolkit import config
+
+    sys.stdout.write(config.resolve(args).to_yaml())
+    return 0

@@ -1,0 +1,17 @@
+"""`toolkit setup`: Open MPI, .venv, pinned packages, numpy shim, Horovod; idempotent and cached."""
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("setup", help="create .venv with the pinned frameworks and a built Horovod")
+    p.add_argument("--venv", default=None, help="virtualenv folder (default: .venv at the repo root)")
+    p.add_argument("build_args", nargs="*", metavar="-- BUILD-HOROVOD-ARGS",
+                   help="passed to `toolkit build-horovod`, after `--`")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from toolkit import envsetup
+
+    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", args.build_args)
+    return 0

@@ -1,0 +1,288 @@
+"""One frozen, validated `Config` for every framework.
+
+Sources, lowest to highest: defaults < YAML file (`--config`) < `TOOLKIT_*` environment < CLI flags.
+Only what a source really sets is merged. Every field is also a flag (`accumulation_steps` ->
+`--accumulation-steps`) and an environment variable (`TOOLKIT_ACCUMULATION_STEPS`).
+Bad input raises `ToolkitError` with one line naming the key, where it came from, and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import enum
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from toolkit import registry
+from toolkit.errors import ToolkitError
+
+ENV_PREFIX = "TOOLKIT_"
+# TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
+ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_TEST_FULL"})
+
+
+class Backend(str, enum.Enum):
+    HOROVOD = "horovod"
+    NATIVE = "native"       # the framework's own strategy (TensorFlow)
+
+
+class Dataset(str, enum.Enum):
+    DIGITS = "digits"       # the real 8x8 handwritten digits that scikit-learn ships
+    SYNTHETIC = "synthetic"
+
+
+class Model(str, enum.Enum):
+    MLP = "mlp"
+    LINEAR = "linear"
+
+
+class Optimizer(str, enum.Enum):
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+class LrScaling(str, enum.Enum):
+    NONE = "none"
+    LINEAR = "linear"       # lr * world_size (Goyal et al.)
+    SQRT = "sqrt"           # lr * sqrt(world_size)
+
+
+class Compression(str, enum.Enum):
+    NONE = "none"
+    FP16 = "fp16"
+
+
+class Op(str, enum.Enum):
+    AVERAGE = "average"
+    SUM = "sum"
+    ADASUM = "adasum"
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Config:
+    framework: str = _f("torch", "framework adapter", choices=registry.names)
+    backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated")
+    model: Model = _f(Model.MLP, "model architecture")
+    hidden_size: int = _f(64, "width of each hidden layer (mlp)")
+    hidden_layers: int = _f(1, "number of hidden layers (mlp)")
+    dataset: Dataset = _f(Dataset.DIGITS, "built-in dataset (no download)")
+    epochs: int = _f(10, "passes over the training set")
+    batch_size: int = _f(32, "samples per micro-batch on each worker")
+    optimizer: Optimizer = _f(Optimizer.SGD, "optimizer")
+    lr: float = _f(0.05, "base learning rate (before lr_scaling)")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    lr_scaling: LrScaling = _f(LrScaling.NONE, "scale lr by world size")
+    warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs")
+    compression: Compression = _f(Compression.NONE, "gradient compression on the wire")
+    accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
+    op: Op = _f(Op.AVERAGE, "gradient reduction")
+    seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r")
+    checkpoint_dir: Optional[str] = _f(None, "rank 0 writes checkpoints and config.yaml here")
+    keep_checkpoints: int = _f(3, "how many checkpoints to keep")
+    resume: bool = _f(False, "continue from the latest checkpoint in checkpoint_dir")
+    log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl here")
+    fusion_threshold_mb: Optional[float] = _f(None, "Horovod tensor fusion buffer (MiB); unset = Horovod's")
+    cycle_time_ms: Optional[float] = _f(None, "Horovod cycle time (ms); unset = Horovod's")
+
+    def __post_init__(self):
+        positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
+                         "hidden_layers", "keep_checkpoints")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "must be a positive integer", example=_example(name))
+        if not self.lr > 0:
+            _bad("lr", self.lr, "must be > 0", example="0.05")
+        if not 0 <= self.momentum < 1:
+            _bad("momentum", self.momentum, "must be in [0, 1)", example="0.9")
+        for name in ("weight_decay", "warmup_epochs"):
+            if getattr(self, name) < 0:
+                _bad(name, getattr(self, name), "must be >= 0", example="0")
+        for name in ("fusion_threshold_mb", "cycle_time_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                _bad(name, value, "must be > 0, or unset for Horovod's default", example="64")
+        if self.resume and not self.checkpoint_dir:
+            raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
+                               "(the folder an earlier run wrote checkpoints to)")
+        spec = registry.spec(self.framework)
+        if self.backend.value not in spec.backends:
+            raise ToolkitError(f"backend={self.backend.value!r} is not available for framework="
+                               f"{self.framework!r}; use one of: {', '.join(spec.backends)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_yaml(self) -> str:
+        import yaml
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "Config":
+        kinds = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = [k for k in values if k not in kinds]
+        if unknown:
+            key = unknown[0]
+            near = difflib.get_close_matches(str(key), kinds, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
+        return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
+
+
+def _plain(value):
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _example(name: str) -> str:
+    return str(_plain(next(f.default for f in dataclasses.fields(Config) if f.name == name)))
+
+
+def _bad(name: str, value, why: str, example: str) -> None:
+    raise ToolkitError(f"{name}={value!r} {why}; e.g. {flag(name)} {example} or `{name}: {example}` in YAML")
+
+
+def _base_type(f: dataclasses.Field):
+    hint = typing.get_type_hints(Config)[f.name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce(f: dataclasses.Field, raw, source: str):
+    """Turn a YAML, environment or CLI value into the field's type, or say what was expected."""
+    kind, optional = _base_type(f)
+    where = f" (from {source})"
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
+        return None
+    text = raw.strip() if isinstance(raw, str) else raw
+    try:
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            return kind(str(text).lower())
+        if "choices" in f.metadata:
+            choices = f.metadata["choices"]()
+            if str(text) not in choices:
+                raise ToolkitError(f"{f.name}={raw!r}{where} not found. Available: {', '.join(choices)}")
+            return str(text)
+        if kind is bool:
+            if isinstance(text, bool):
+                return text
+            if str(text).lower() in _TRUE | _FALSE:
+                return str(text).lower() in _TRUE
+            raise ValueError
+        if kind is int:
+            if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+                raise ValueError
+            return int(text)
+        if kind is float:
+            if isinstance(text, bool):
+                raise ValueError
+            return float(text)
+        if kind is str:
+            if not isinstance(text, (str, int, float)) or isinstance(text, bool):
+                raise ValueError
+            return str(text)
+    except (ValueError, TypeError):
+        pass
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind)
+    if expected is None:
+        expected = "one of: " + ", ".join(m.value for m in kind)
+    raise ToolkitError(f"{f.name}={raw!r}{where} must be {expected}; e.g. {flag(f.name)} {_example(f.name)}")
+
+
+# ---- sources ----------------------------------------------------------------------------------
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ToolkitError(f"--config {path}: file not found; check the path")
+    text = p.read_text()
+    if not text.strip():
+        raise ToolkitError(f"--config {path}: the file is empty; write at least one key, e.g. `epochs: 5`")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ToolkitError(f"--config {path}: invalid YAML{at}: {problem}") from None
+    if data is None:
+        raise ToolkitError(f"--config {path}: no keys (only comments?); write at least one, e.g. `epochs: 5`")
+    if not isinstance(data, dict):
+        raise ToolkitError(f"--config {path}: expected `key: value` lines at the top level, "
+                           f"got a {type(data).__name__}")
+    return data
+
+
+def read_env(environ: Mapping[str, str]) -> dict[str, str]:
+    names = {f.name for f in dataclasses.fields(Config)}
+    values = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in ENV_RESERVED:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {ENV_PREFIX}{near[0].upper()}? " if near else ""
+            raise ToolkitError(f"environment: unknown variable {key}; {hint}unset it or use one of "
+                               f"{ENV_PREFIX}<FIELD> for the fields in `toolkit config show`")
+        values[name] = value
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config` plus one flag per field. Defaults are SUPPRESSed so only what the user set exists."""
+    parser.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS,
+                        help="YAML file of config keys (below flags and TOOLKIT_* in precedence)")
+    group = parser.add_argument_group("config (also YAML keys and TOOLKIT_<KEY> variables)")
+    for f in dataclasses.fields(Config):
+        kind, _ = _base_type(f)
+        help_text = f.metadata["help"] + f" (default: {_plain(f.default)})"
+        if kind is bool:
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+            continue
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            help_text += " {" + ",".join(m.value for m in kind) + "}"
+        group.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=argparse.SUPPRESS,
+                           help=help_text)
+
+
+def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None) -> Config:
+    """defaults < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`."""
+    cli = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
+    names = {f.name for f in dataclasses.fields(Config)}
+    path = cli.pop("config", None)
+    merged: dict[str, tuple[Any, str]] = {}
+    if path is not None:
+        merged.update({k: (v, path) for k, v in read_yaml(path).items()})
+    environ = os.environ if environ is None else environ
+    merged.update({k: (v, f"{ENV_PREFIX}{k.upper()}") for k, v in read_env(environ).items()})
+    merged.update({k: (v, flag(k)) for k, v in cli.items() if k in names})
+    kinds = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = [k for k in merged if k not in kinds]
+    if unknown:
+        # from_dict words the message (nearest key, allowed keys)
+        Config.from_dict({unknown[0]: None}, source=merged[unknown[0]][1])
+    values = {k: _coerce(kinds[k], v, src) for k, (v, src) in merged.items()}
+    return Config(**values)

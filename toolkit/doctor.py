@@ -1,0 +1,110 @@
+"""Environment checks for `toolkit doctor`. Each framework is probed in its own subprocess."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+from toolkit import horovod_build, pins, registry
+
+_PROBE = r"""
+import json, sys
+fw, ext = sys.argv[1], sys.argv[2]
+out = {}
+try:
+    m = __import__(fw)
+    out["version"] = getattr(m, "__version__", "?")
+    if fw == "torch":
+        out["gpus"] = m.cuda.device_count() if m.cuda.is_available() else 0
+    elif fw == "tensorflow":
+        out["gpus"] = len(m.config.list_physical_devices("GPU"))
+    elif fw == "mxnet":
+        out["gpus"] = m.context.num_gpus()
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+try:
+    import importlib
+    hvd = importlib.import_module(ext)
+    out["horovod"] = {k: bool(getattr(hvd, k)()) for k in
+                      ("mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built")}
+except Exception as e:
+    out["horovod_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+print(json.dumps(out))
+"""
+
+
+def _line(status: str, what: str, detail: str, fix: str = "") -> None:
+    print(f"{status:5} {what:22} {detail}" + (f"\n      fix: {fix}" if fix else ""))
+
+
+def _dist_version(name: str):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def report(framework: str) -> int:
+    """Print every check; return 1 if `framework` cannot train here, else 0."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    _line("ok" if py == pins.PYTHON else "warn", "python", f"{sys.version.split()[0]} ({sys.executable})",
+          "" if py == pins.PYTHON else f"the toolkit pins Python {pins.PYTHON}")
+    for name, want in {**pins.FRAMEWORKS, **pins.NO_DEPS}.items():
+        have = _dist_version(name)
+        ok = have is not None and have.split("+")[0] == want
+        _line("ok" if ok else "warn", name, have or "not installed",
+              "" if ok else f"pinned {name}=={want}: run `make setup`")
+
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout.splitlines()
+        _line("ok", "mpi", version[0] if version else mpirun)
+    else:
+        _line("FAIL", "mpi", "mpirun not found", f"apt-get install {' '.join(pins.APT_PACKAGES)}")
+    m4 = _dist_version("mpi4py")
+    _line("ok" if m4 else "warn", "mpi4py", m4 or "not installed", "" if m4 else "run `make setup`")
+
+    hvd = _dist_version("horovod")
+    key = horovod_build.installed_key()
+    _line("ok" if hvd else "FAIL", "horovod", f"{hvd or 'not installed'}" + (f" (build {key})" if key else ""),
+          "" if hvd else "run `toolkit build-horovod` (or `make setup`)")
+
+    usable = {}
+    for fw, (_, module, ext) in pins.HOROVOD_FRAMEWORKS.items():
+        proc = subprocess.run([sys.executable, "-c", _PROBE, module, ext], capture_output=True, text=True,
+                              timeout=300)
+        try:
+            probe = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            probe = {"error": (proc.stderr.strip().splitlines() or ["probe crashed"])[-1]}
+        if "error" in probe:
+            _line("FAIL", f"{fw}", probe["error"], "run `make setup`")
+            usable[fw] = False
+            continue
+        _line("ok", fw, f"{probe['version']}, {probe['gpus']} GPU(s)")
+        if "horovod_error" in probe:
+            _line("FAIL", f"  {ext}", probe["horovod_error"],
+                  f"`toolkit build-horovod --frameworks {fw}` (do not trust `horovodrun --check-build`)")
+            usable[fw] = False
+            continue
+        built = probe["horovod"]
+        ops = ", ".join(k[:-6] for k, v in built.items() if v) or "none"
+        _line("ok", f"  {ext}", f"imports; built with: {ops}")
+        if probe["gpus"] and not built["nccl_built"]:
+            _line("warn", "  gpu ops", "GPUs present but Horovod has no NCCL",
+                  "`toolkit build-horovod --gpu` on this machine")
+        usable[fw] = True
+
+    nvsmi = shutil.which("nvidia-smi")
+    if nvsmi:
+        gpus = subprocess.run([nvsmi, "-L"], capture_output=True, text=True).stdout.strip()
+        _line("ok", "gpus", gpus.replace("\n", "; ") or "nvidia-smi lists none")
+    else:
+        _line("info", "gpus", "no nvidia-smi: CPU only (every adapter falls back to CPU)")
+
+    ok = usable.get(framework, False) and registry.is_available(framework)
+    print(f"\n{'ready' if ok else 'NOT READY'}: framework={framework}" +
+          ("" if ok else " cannot train here; apply the fixes above"))
+    return 0 if ok else 1

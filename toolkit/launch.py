@@ -1,0 +1,150 @@
+"""argv + environment for `horovodrun` or plain `mpirun`, and running them with timeouts.
+
+No framework import and no MPI needed to build a command: `plan()` is pure and unit-tested.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from toolkit.errors import ToolkitError
+
+LAUNCHERS = ("horovodrun", "mpirun")
+CONTROLLERS = ("gloo", "mpi")
+# Variables every rank needs to see the same Python environment and the toolkit's settings.
+_PASS_PREFIXES = ("TOOLKIT_", "HOROVOD_", "NCCL_", "OMP_", "TF_", "MXNET_")
+_PASS_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    command: tuple[str, ...]
+    np: int = 1
+    hosts: Optional[str] = None          # "a:4,b:4"; default localhost:np
+    launcher: str = "horovodrun"
+    controller: Optional[str] = None     # horovodrun --gloo / --mpi; None = horovodrun's choice
+    start_timeout: int = 60              # seconds for all ranks to start (horovodrun)
+    network_interface: Optional[str] = None
+    env: tuple[str, ...] = ()            # extra KEY=VALUE for every rank
+    extra: tuple[str, ...] = field(default=())   # passed to the launcher verbatim
+
+    def __post_init__(self):
+        if not self.command:
+            raise ToolkitError("launch: no command; put it after `--`, e.g. "
+                               "`toolkit launch -np 2 -- python examples/train.py`")
+        if self.np < 1:
+            raise ToolkitError(f"-np {self.np}: must be at least 1")
+        if self.launcher not in LAUNCHERS:
+            raise ToolkitError(f"--launcher {self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+        if self.controller is not None and self.controller not in CONTROLLERS:
+            raise ToolkitError(f"controller {self.controller!r}: choose --gloo or --mpi")
+        if self.launcher == "mpirun" and self.controller == "gloo":
+            raise ToolkitError("--gloo needs horovodrun; drop --gloo or use --launcher horovodrun")
+        if self.start_timeout < 1:
+            raise ToolkitError(f"--start-timeout {self.start_timeout}: must be at least 1 second")
+        slots = total_slots(self.hosts) if self.hosts else None
+        if slots is not None and self.np > slots:
+            raise ToolkitError(f"-np {self.np} is more than the {slots} slot(s) in -H {self.hosts}; "
+                               f"lower -np or add slots (host:slots)")
+        for item in self.env:
+            if "=" not in item:
+                raise ToolkitError(f"--env {item!r}: expected KEY=VALUE")
+
+
+def parse_hosts(hosts: str) -> list[tuple[str, int]]:
+    """"a:4,b:4" -> [("a", 4), ("b", 4)]; a host without slots has 1 (horovodrun's rule)."""
+    out = []
+    for item in hosts.split(","):
+        item = item.strip()
+        name, _, slots = item.partition(":")
+        if not name:
+            raise ToolkitError(f"-H {hosts!r}: empty host name; write host:slots[,host:slots]")
+        try:
+            count = int(slots) if slots else 1
+        except ValueError:
+            raise ToolkitError(f"-H {hosts!r}: slots of {name!r} must be an integer, e.g. {name}:4") from None
+        if count < 1:
+            raise ToolkitError(f"-H {hosts!r}: {name} has {count} slots; give at least 1")
+        out.append((name, count))
+    return out
+
+
+def total_slots(hosts: str) -> int:
+    return sum(slots for _, slots in parse_hosts(hosts))
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _passed_names(environ: Mapping[str, str]) -> list[str]:
+    return sorted(k for k in environ if k in _PASS_NAMES or k.startswith(_PASS_PREFIXES))
+
+
+def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher's argv and environment for `spec`."""
+    environ = dict(os.environ if environ is None else environ)
+    env = dict(environ)
+    env.update(item.split("=", 1) for item in spec.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    hosts = spec.hosts or f"localhost:{spec.np}"
+    if spec.launcher == "horovodrun":
+        argv = ["horovodrun", "-np", str(spec.np), "-H", hosts, "--start-timeout", str(spec.start_timeout)]
+        if spec.controller:
+            argv.append(f"--{spec.controller}")
+        if spec.network_interface:
+            argv += ["--network-interface", spec.network_interface]
+    else:
+        argv = ["mpirun"]
+        if _is_root():
+            argv.append("--allow-run-as-root")
+        argv += ["-np", str(spec.np), "-H", hosts, "-bind-to", "none", "-map-by", "slot",
+                 "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+        if spec.network_interface:
+            argv += ["-mca", "btl_tcp_if_include", spec.network_interface]
+        for name in _passed_names(env):
+            argv += ["-x", name]
+    return argv + list(spec.extra) + list(spec.command), env
+
+
+def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[str, str]) -> str:
+    """A shell line a user can paste: changed variables first, then the command."""
+    changed = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if base.get(k) != v]
+    return " ".join(changed + [shlex.quote(a) for a in argv])
+
+
+def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
+    argv, env = plan(spec, environ)
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
+        raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
+                           "raise --timeout if it needs longer", code=124) from None
+    except KeyboardInterrupt:
+        _kill_group(proc)
+        return 130
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.1)

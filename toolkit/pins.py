@@ -1,0 +1,53 @@
+"""Every pinned version of the toolkit's environment, in one place.
+
+`toolkit setup`, `toolkit build-horovod`, `toolkit doctor` and the Docker images read these.
+Stdlib only: this module runs under the bare system Python before the virtualenv exists.
+"""
+
+PYTHON = "3.11"
+HOROVOD = "0.28.1"
+
+# Frameworks, in the order they are installed. numpy < 2 because MXNet 1.9.1 needs it.
+FRAMEWORKS = {
+    "torch": "2.13.0",          # the CPU wheel; never let pip resolve plain `torch` (CUDA packages)
+    "tensorflow-cpu": "2.21.0",
+    "mxnet": "1.9.1",
+    "numpy": "1.26.4",
+}
+# Installed with --no-deps: tf-keras would otherwise drag its own tensorflow.
+NO_DEPS = {"tf-keras": "2.21.0"}
+
+# What Horovod's build and runtime need, what the toolkit uses, and the test tools.
+TOOLS = {
+    "mpi4py": "4.1.2",
+    "pyyaml": "6.0.3",
+    "cloudpickle": "3.1.2",
+    "psutil": "7.2.2",
+    "packaging": "26.3",
+    "cffi": "2.1.1",
+    "scikit-learn": "1.9.1",    # ships the real 8x8 `digits` dataset, no download
+    "tqdm": "4.70.1",
+    "pytest": "9.2.0",
+    "pytest-timeout": "2.4.0",
+    "setuptools": "84.2.1",
+    "wheel": "0.48.0",
+}
+
+# Debian packages: Open MPI (mpirun, mpicxx) for Horovod's MPI controller and mpi4py.
+APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
+
+# Horovod framework name -> (pip distribution, importable module, Horovod extension module).
+HOROVOD_FRAMEWORKS = {
+    "torch": ("torch", "torch", "horovod.torch"),
+    "tensorflow": ("tensorflow-cpu", "tensorflow", "horovod.tensorflow"),
+    "mxnet": ("mxnet", "mxnet", "horovod.mxnet"),
+}
+
+
+def requirements() -> list[str]:
+    """`name==version` lines for everything installed with dependencies."""
+    return [f"{n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()]
+
+
+def no_deps_requirements() -> list[str]:
+    return [f"{n}=={v}" for n, v in NO_DEPS.items()]

@@ -1,0 +1,133 @@
+"""The training loop, written once for every framework: it drives an adapter (adapters/base.py).
+
+Every rank runs this. Rank 0 alone logs, writes checkpoints, the resolved config and the final
+JSON summary; before the summary every rank's parameter digest is gathered and compared.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from toolkit import checkpoint, data as datasets, registry, schedule
+from toolkit.config import Config
+from toolkit.errors import ToolkitError
+
+
+def digest(arrays) -> str:
+    """sha256 of the parameters' bytes: equal on two ranks only if every bit is equal."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _log(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _restore(adapter, config: Config, rank: int) -> dict:
+    """Rank 0 verifies and loads the latest checkpoint; every rank learns the outcome, so a bad
+    checkpoint stops all ranks with the same message instead of leaving them in a collective."""
+    outcome = {}
+    if rank == 0:
+        try:
+            path, meta = checkpoint.latest(config.checkpoint_dir)
+            try:
+                adapter.load(path)
+            except Exception as e:  # the framework's own reader failed: name the file, not a traceback
+                raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
+                                   f"folder to resume from the one before") from None
+            outcome = {"meta": meta, "path": str(path)}
+        except ToolkitError as e:
+            outcome = {"error": str(e)}
+    outcome = adapter.broadcast_object(outcome, root=0)
+    if "error" in outcome:
+        raise ToolkitError(outcome["error"])
+    _log(rank, f"resumed from {outcome['path']} (step {outcome['meta']['step']})")
+    return outcome["meta"]
+
+
+def _evaluate(adapter, x, y) -> tuple[float, float]:
+    """(mean test loss, accuracy) over every rank's share of the test set."""
+    import numpy as np
+
+    loss_sum, correct, count = adapter.allreduce(np.array(adapter.evaluate(x, y), dtype=np.float64),
+                                                 average=False)
+    return loss_sum / count, correct / count
+
+
+def run(config: Config) -> dict:
+    import numpy as np
+
+    adapter = registry.load(config.framework)()
+    topo = adapter.init(config)
+    rank, size = topo.rank, topo.size
+    data = datasets.load(config)
+    adapter.build(config, data.num_features, data.num_classes)
+    initial_digest = digest(adapter.parameters())
+    adapter.wrap(config)
+    meta = _restore(adapter, config, rank) if config.resume else {}
+    adapter.broadcast()
+    initial_digests = adapter.allgather_object(initial_digest)
+
+    if rank == 0:
+        for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "config.yaml").write_text(config.to_yaml())
+    n_train = len(data.x_train)
+    spe = datasets.steps_per_epoch(n_train, size, config.batch_size, config.accumulation_steps)
+    if spe < 1:
+        raise ToolkitError(f"batch_size={config.batch_size} x accumulation_steps={config.accumulation_steps} "
+                           f"x {size} ranks is more than the {n_train} training samples; lower batch_size")
+    step = int(meta.get("step", 0))
+    loss = meta.get("train_loss")
+    _log(rank, f"{config.framework}/{config.backend.value}: {size} rank(s) on {topo.device}, "
+               f"{spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * size}")
+    samples, train_seconds = 0, 0.0
+    test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
+    accuracy, lr = None, schedule.lr_at(config, size, step, spe)
+    b, k = config.batch_size, config.accumulation_steps
+    for epoch in range(step // spe, config.epochs):
+        shard = datasets.epoch_shard(n_train, epoch, config.seed, rank, size)
+        t0 = time.perf_counter()
+        losses = []
+        for s in range(step - epoch * spe, spe):
+            adapter.set_lr(lr := schedule.lr_at(config, size, step, spe))
+            batches = [(data.x_train[idx], data.y_train[idx])
+                       for j in range(k) for idx in [shard[(s * k + j) * b:(s * k + j + 1) * b]]]
+            losses.append(adapter.train_step(batches))
+            step += 1
+        train_seconds += time.perf_counter() - t0
+        samples += len(losses) * b * k * size
+        loss = float(adapter.allreduce(np.array([np.mean(losses)], dtype=np.float64))[0])
+        test_loss, accuracy = _evaluate(adapter, test_x, test_y)
+        speed = samples / train_seconds if train_seconds else 0.0
+        _log(rank, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
+                   f"accuracy {accuracy:.4f}  lr {lr:.4g}  {speed:,.0f} samples/s")
+        if rank == 0 and config.log_dir:
+            with open(Path(config.log_dir) / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"epoch": epoch + 1, "step": step, "loss": loss, "accuracy": accuracy,
+                                    "lr": lr, "samples_per_sec": speed}) + "\n")
+        if rank == 0 and config.checkpoint_dir:
+            checkpoint.save(config.checkpoint_dir, step, {"epoch": epoch + 1, "train_loss": loss},
+                            adapter.save, keep=config.keep_checkpoints)
+
+    if accuracy is None:    # resumed at the end: nothing left to train, still measure
+        _, accuracy = _evaluate(adapter, test_x, test_y)
+    final_digest = digest(adapter.parameters())
+    digests = adapter.allgather_object(final_digest)
+    if len(set(digests)) != 1:
+        raise ToolkitError("replica check failed: ranks ended with different parameters "
+                           f"(digests by rank: {digests}); this is a bug, please report it", code=1)
+    return {
+        "framework": config.framework, "backend": config.backend.value, "world_size": size,
+        "steps": step, "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
+        "param_digest": final_digest, "initial_digests": initial_digests,
+        "samples_per_sec": samples / train_seconds if train_seconds else 0.0,
+        "device": topo.device, "rank": rank,
+    }
