@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def toolkit(*args, **kw) -> subprocess.CompletedProcess:
 
 def summary(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr[-4000:]}"
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    # horovodrun tags each line with the rank: "[0]<stdout>:" (gloo) or "[1,0]<stdout>:" (MPI)
+    lines = [ln for ln in re.sub(r"\[[\d,]+\]<stdout>:", "", proc.stdout).splitlines() if ln.startswith("{")]
     assert len(lines) == 1, f"expected one JSON line on stdout, got {proc.stdout!r}"
     return json.loads(lines[0])
 
@@ -63,11 +65,16 @@ def train_job(launcher: str, args, np_: int = 2, timeout: int = 300, env=None) -
     return summary(run(argv, timeout=timeout, env=env))
 
 
-def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The CLI's contract for bad input: non-zero exit, one `toolkit: error:` line, no traceback."""
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str, launched: bool = False) -> str:
+    """The CLI's contract for bad input: non-zero exit, one `toolkit: error:` line, no traceback.
+
+    With `launched`, the output is horovodrun's: each rank's lines are tagged `[rank]<stderr>:`, and
+    horovodrun itself prints a traceback when a rank fails, so only the ranks' lines are checked.
+    """
     assert proc.returncode != 0, f"expected failure, got exit 0: {proc.stdout}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if "toolkit: error:" in ln]
+    ours = re.findall(r"^\[\d+\]<stderr>:(.*)$", proc.stderr, re.M) if launched else proc.stderr.splitlines()
+    assert ours and not any("Traceback" in ln for ln in ours), proc.stderr
+    errors = [ln for ln in ours if "toolkit: error:" in ln]
     assert errors, f"no `toolkit: error:` line in stderr:\n{proc.stderr}"
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"

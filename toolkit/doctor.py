@@ -48,6 +48,7 @@ def _dist_version(name: str):
 
 def report(framework: str) -> int:
     """Print every check; return 1 if `framework` cannot train here, else 0."""
+    registry.spec(framework)   # an unknown name fails now, not after the probes
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     _line("ok" if py == pins.PYTHON else "warn", "python", f"{sys.version.split()[0]} ({sys.executable})",
           "" if py == pins.PYTHON else f"the toolkit pins Python {pins.PYTHON}")

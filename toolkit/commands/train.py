@@ -1,5 +1,6 @@
 """`toolkit train`: one training job on this rank; the same as `python examples/train.py`."""
 import json
+import sys
 
 
 def register(sub) -> None:
@@ -15,5 +16,7 @@ def run(args) -> int:
 
     summary = trainer.run(config.resolve(args))
     if summary.pop("rank") == 0:
-        print(json.dumps(summary), flush=True)
+        # one write, so mpirun's --tag-output cannot split the line from its newline
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
     return 0

@@ -1,0 +1,48 @@
+"""Bad input through the real CLI: one line naming the field or flag and the fix, non-zero, no traceback."""
+import pytest
+
+from tests.conftest import TRAIN, one_line_error, run, toolkit
+from toolkit import registry
+from toolkit.cli import main
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("lr: [1, 2\n", ["invalid YAML"]),
+    ("", ["empty"]),
+    ("batchsize: 4\n", ["unknown key 'batchsize'", "batch_size"]),
+    ("lr: abc\n", ["lr='abc'"]),
+    ("epochs: -1\n", ["epochs=-1"]),
+])
+def test_bad_config_files(tmp_path, text, needles):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    one_line_error(run(TRAIN + ["--config", cfg], timeout=60), *needles)
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--config", "/nonexistent.yaml"], ["file not found"]),
+    (["--batch-size", "0"], ["batch_size=0", "--batch-size"]),
+    (["--accumulation-steps", "0"], ["accumulation_steps=0"]),
+    (["--lr", "-1"], ["lr=-1.0"]),
+    (["--epochs", "0"], ["epochs=0"]),
+    (["--framework", "caffe"], ["framework='caffe'", "Available: torch"]),
+])
+def test_bad_flags(flags, needles):
+    one_line_error(run(TRAIN + flags, timeout=60), *needles)
+
+
+def test_bad_environment_value():
+    from tests.conftest import clean_env
+    one_line_error(run(TRAIN, env=clean_env(TOOLKIT_BATCH_SIZE="lots"), timeout=60), "TOOLKIT_BATCH_SIZE")
+
+
+def test_framework_not_installed(monkeypatch, capsys):
+    monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
+    assert main(["train", "--framework", "torch", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "framework='torch' is not installed" in err[0] and "pip install torch==" in err[0]
+
+
+def test_config_show_bad_input_and_doctor_unknown_framework():
+    one_line_error(toolkit("config", "show", "--optimizer", "lamb"), "optimizer='lamb'")
+    one_line_error(toolkit("doctor", "--framework", "jax"), "framework='jax'")
