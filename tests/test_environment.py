@@ -27,3 +27,19 @@ def test_numpy_shim_is_lazy_and_lets_mxnet_import():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == pins.FRAMEWORKS["mxnet"]
+
+
+def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
+    from tests.conftest import clean_env, toolkit
+    ok = toolkit("doctor", "--framework", "torch", timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "horovod.torch" in ok.stdout and "ready: framework=torch" in ok.stdout
+    # A Horovod whose torch extension is missing: doctor imports it, fails it, names the fix.
+    fake = tmp_path / "horovod"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('Extension horovod.torch has not been built.')\n")
+    bad = toolkit("doctor", "--framework", "torch", env=clean_env(PYTHONPATH=str(tmp_path)), timeout=300)
+    assert bad.returncode == 1
+    assert "has not been built" in bad.stdout and "build-horovod --frameworks torch" in bad.stdout
+    assert "NOT READY: framework=torch" in bad.stdout

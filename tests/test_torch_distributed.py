@@ -36,6 +36,13 @@ def test_two_ranks_start_different_and_end_identical(launcher):
         assert key in out
 
 
+def test_lr_scaling_and_warmup_by_world_size():
+    out = train_job("gloo", DIGITS + ["--epochs", "2", "--lr", "0.05", "--lr-scaling", "sqrt",
+                                      "--warmup-epochs", "1"])
+    assert out["lr"] == pytest.approx(0.05 * 2 ** 0.5)
+    assert out["accuracy"] > 0.5
+
+
 def test_single_process_runs_unchanged():
     out = train_job("single", DIGITS + ["--epochs", "2", "--dataset", "synthetic"])
     assert out["world_size"] == 1 and len(out["initial_digests"]) == 1

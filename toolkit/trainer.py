@@ -127,7 +127,7 @@ def run(config: Config) -> dict:
     return {
         "framework": config.framework, "backend": config.backend.value, "world_size": size,
         "steps": step, "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
-        "param_digest": final_digest, "initial_digests": initial_digests,
+        "param_digest": final_digest, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": samples / train_seconds if train_seconds else 0.0,
         "device": topo.device, "rank": rank,
     }
