@@ -47,6 +47,15 @@ def apply_horovod_tuning(config) -> None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
 
 
+def launcher_local_size() -> int:
+    """Ranks on this host, from the launcher's environment (for settings made before hvd.init)."""
+    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
 def require_gpu_if_asked(has_gpu: bool) -> None:
     """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
     if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
@@ -100,8 +109,10 @@ class Adapter(abc.ABC):
     def allreduce(self, array, average: bool = True):
         """numpy array in, numpy array out, summed or averaged over ranks."""
 
+    # Horovod names an object collective after type(obj) unless told: ranks passing objects of
+    # different types (rank 0 a payload, the others None) would wait forever. Always name them.
     @abc.abstractmethod
-    def allgather_object(self, obj) -> list: ...
+    def allgather_object(self, obj, name: str) -> list: ...
 
     @abc.abstractmethod
-    def broadcast_object(self, obj, root: int = 0): ...
+    def broadcast_object(self, obj, name: str, root: int = 0): ...

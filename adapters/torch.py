@@ -114,8 +114,8 @@ class TorchAdapter(Adapter):
                                  op=self.hvd.Average if average else self.hvd.Sum)
         return out.numpy()
 
-    def allgather_object(self, obj) -> list:
-        return self.hvd.allgather_object(obj)
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
 
-    def broadcast_object(self, obj, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root)
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root, name=name)

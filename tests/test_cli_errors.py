@@ -25,7 +25,7 @@ def test_bad_config_files(tmp_path, text, needles):
     (["--accumulation-steps", "0"], ["accumulation_steps=0"]),
     (["--lr", "-1"], ["lr=-1.0"]),
     (["--epochs", "0"], ["epochs=0"]),
-    (["--framework", "caffe"], ["framework='caffe'", "Available: torch"]),
+    (["--framework", "caffe"], ["framework='caffe'", "Available: torch, mxnet"]),
 ])
 def test_bad_flags(flags, needles):
     one_line_error(run(TRAIN + flags, timeout=60), *needles)
@@ -36,11 +36,12 @@ def test_bad_environment_value():
     one_line_error(run(TRAIN, env=clean_env(TOOLKIT_BATCH_SIZE="lots"), timeout=60), "TOOLKIT_BATCH_SIZE")
 
 
-def test_framework_not_installed(monkeypatch, capsys):
+@pytest.mark.parametrize("framework, install", [("torch", "pip install torch=="), ("mxnet", "pip install mxnet==1.9.1")])
+def test_framework_not_installed(monkeypatch, capsys, framework, install):
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
-    assert main(["train", "--framework", "torch", "--epochs", "1"]) == 2
+    assert main(["train", "--framework", framework, "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "framework='torch' is not installed" in err[0] and "pip install torch==" in err[0]
+    assert len(err) == 1 and f"framework={framework!r} is not installed" in err[0] and install in err[0]
 
 
 def test_config_show_bad_input_and_doctor_unknown_framework():

@@ -43,3 +43,10 @@ def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
     assert bad.returncode == 1
     assert "has not been built" in bad.stdout and "build-horovod --frameworks torch" in bad.stdout
     assert "NOT READY: framework=torch" in bad.stdout
+
+
+@pytest.mark.parametrize("order", [("mxnet", "tensorflow", "torch"), ("torch", "tensorflow", "mxnet")])
+def test_frameworks_import_together_in_any_order(order):
+    code = "; ".join(f"import {m}" for m in order) + "; import horovod.mxnet, horovod.torch; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

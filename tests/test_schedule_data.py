@@ -3,8 +3,6 @@ import math
 
 import numpy as np
 import pytest
-import sklearn.datasets  # noqa: F401  imported here: scikit-learn sets KMP_* variables on first import
-
 
 from toolkit import data, schedule
 from toolkit.config import Config, LrScaling

@@ -118,6 +118,9 @@ class Config:
         if self.backend.value not in spec.backends:
             raise ToolkitError(f"backend={self.backend.value!r} is not available for framework="
                                f"{self.framework!r}; use one of: {', '.join(spec.backends)}")
+        if self.op.value not in spec.ops:
+            raise ToolkitError(f"op={self.op.value!r} is not available for framework={self.framework!r} "
+                               f"({spec.missing_ops_reason}); use op: {' or '.join(spec.ops)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}

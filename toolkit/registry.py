@@ -17,11 +17,17 @@ class AdapterSpec:
     package: str                # the framework's importable top-level package
     install: str                # what to tell a user who lacks it
     backends: tuple[str, ...]   # Config.backend values the adapter implements
+    ops: tuple[str, ...] = ("average", "sum", "adasum")   # Config.op values it implements
+    missing_ops_reason: str = ""
 
 
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("adapters.torch:TorchAdapter", "torch",
                          "pip install torch==2.13.0 (or run `make setup`)", ("horovod",)),
+    "mxnet": AdapterSpec("adapters.mxnet:MxnetAdapter", "mxnet",
+                         "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)", ("horovod",),
+                         ops=("average", "sum"),
+                         missing_ops_reason="Horovod's MXNet DistributedTrainer has no Adasum"),
 }
 
 

@@ -45,7 +45,7 @@ def _restore(adapter, config: Config, rank: int) -> dict:
             outcome = {"meta": meta, "path": str(path)}
         except ToolkitError as e:
             outcome = {"error": str(e)}
-    outcome = adapter.broadcast_object(outcome, root=0)
+    outcome = adapter.broadcast_object(outcome, name="toolkit.resume")
     if "error" in outcome:
         raise ToolkitError(outcome["error"])
     _log(rank, f"resumed from {outcome['path']} (step {outcome['meta']['step']})")
@@ -73,7 +73,7 @@ def run(config: Config) -> dict:
     adapter.wrap(config)
     meta = _restore(adapter, config, rank) if config.resume else {}
     adapter.broadcast()
-    initial_digests = adapter.allgather_object(initial_digest)
+    initial_digests = adapter.allgather_object(initial_digest, name="toolkit.initial_digest")
 
     if rank == 0:
         for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
@@ -120,7 +120,7 @@ def run(config: Config) -> dict:
     if accuracy is None:    # resumed at the end: nothing left to train, still measure
         _, accuracy = _evaluate(adapter, test_x, test_y)
     final_digest = digest(adapter.parameters())
-    digests = adapter.allgather_object(final_digest)
+    digests = adapter.allgather_object(final_digest, name="toolkit.final_digest")
     if len(set(digests)) != 1:
         raise ToolkitError("replica check failed: ranks ended with different parameters "
                            f"(digests by rank: {digests}); this is a bug, please report it", code=1)

@@ -1,0 +1,135 @@
+"""MXNet Gluon through Horovod: `hvd.DistributedTrainer`, plus what its API lacks.
+
+MXNet 1.9.1 is the last release (the project is retired upstream). Horovod's MXNet API has no
+`backward_passes_per_step` and no `op`: the toolkit supplies both here. Accumulation sums
+`accumulation_steps` micro-batches into the gradients (`grad_req='add'`), then allreduces and
+steps once; `op: sum` is the average times the world size, passed through `Trainer.step`'s batch
+size. Adasum is refused at config time (see toolkit/registry.py).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
+from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod, launcher_local_size,
+                           require_gpu_if_asked)
+from toolkit.config import Compression, Config, Model, Op, Optimizer
+
+# MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // launcher_local_size())))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+
+PARAMS_FILE = "model.params"
+STATES_FILE = "trainer.states"
+
+
+def build_model(config: Config, num_features: int, num_classes: int) -> gluon.nn.HybridSequential:
+    net = gluon.nn.HybridSequential()
+    width = num_features
+    if config.model is Model.MLP:
+        for _ in range(config.hidden_layers):
+            net.add(gluon.nn.Dense(config.hidden_size, activation="relu", in_units=width))
+            width = config.hidden_size
+    net.add(gluon.nn.Dense(num_classes, in_units=width))
+    return net
+
+
+class MxnetAdapter(Adapter):
+    name = "mxnet"
+
+    def init(self, config: Config) -> Topology:
+        apply_horovod_tuning(config)
+        self.hvd = hvd = import_horovod("horovod.mxnet", "mxnet")
+        hvd.init()
+        has_gpu = mx.context.num_gpus() > 0
+        require_gpu_if_asked(has_gpu)
+        self.ctx = mx.gpu(hvd.local_rank()) if has_gpu else mx.cpu()
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.ctx))
+
+    def build(self, config: Config, num_features: int, num_classes: int) -> None:
+        mx.random.seed(config.seed + self.hvd.rank())
+        self.net = build_model(config, num_features, num_classes)
+        self.net.initialize(mx.init.Xavier(), ctx=self.ctx)
+        self.params = self.net.collect_params()
+        self.params.setattr("grad_req", "add")     # micro-batches add into the gradients
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.config = config
+
+    def wrap(self, config: Config) -> None:
+        hvd = self.hvd
+        if config.optimizer is Optimizer.SGD:
+            name, opts = "sgd", {"learning_rate": config.lr, "momentum": config.momentum, "wd": config.weight_decay}
+        else:
+            name, opts = "adam", {"learning_rate": config.lr, "wd": config.weight_decay}
+        compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
+        self.trainer = hvd.DistributedTrainer(self.params, name, opts, compression=compression)
+        # Trainer.step(n) scales gradients by 1/n and Horovod averages over ranks; for `sum`
+        # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
+        self.step_divisor = 1.0 / hvd.size() if config.op is Op.SUM else 1.0
+
+    def broadcast(self) -> None:
+        self.hvd.broadcast_parameters(self.params, root_rank=0)
+        # Optimizer state (momentum, Adam moments): rank 0's, through the trainer's own format.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, STATES_FILE)
+            if self.hvd.rank() == 0:
+                self.trainer.save_states(path)
+            blob = self.broadcast_object(Path(path).read_bytes() if self.hvd.rank() == 0 else None,
+                                         name="toolkit.trainer_states")
+            if self.hvd.rank() != 0:
+                Path(path).write_bytes(blob)
+                self.trainer.load_states(path)
+
+    def set_lr(self, lr: float) -> None:
+        self.trainer.set_learning_rate(lr)
+
+    def train_step(self, batches) -> float:
+        total, samples = 0.0, 0
+        for x, y in batches:
+            xt, yt = mx.nd.array(x, ctx=self.ctx), mx.nd.array(y, ctx=self.ctx)
+            with autograd.record():
+                loss = self.loss_fn(self.net(xt), yt)
+            loss.backward()                       # adds sum-over-samples gradients
+            total += float(loss.mean().asscalar())
+            samples += len(y)
+        self.trainer.step(samples * self.step_divisor)   # mean over all micro-batches, allreduced
+        self.params.zero_grad()
+        return total / len(batches)
+
+    def evaluate(self, x, y) -> tuple[float, int, int]:
+        if len(x) == 0:
+            return 0.0, 0, 0
+        logits = self.net(mx.nd.array(x, ctx=self.ctx))
+        labels = mx.nd.array(y, ctx=self.ctx)
+        loss = float(self.loss_fn(logits, labels).sum().asscalar())
+        correct = int((logits.argmax(axis=1) == labels.astype("float32")).sum().asscalar())
+        return loss, correct, len(y)
+
+    def save(self, folder: Path) -> None:
+        self.net.save_parameters(str(folder / PARAMS_FILE))
+        self.trainer.save_states(str(folder / STATES_FILE))
+
+    def load(self, folder: Path) -> None:
+        self.net.load_parameters(str(folder / PARAMS_FILE), ctx=self.ctx)
+        self.trainer.load_states(str(folder / STATES_FILE))
+
+    def parameters(self) -> list:
+        return [p.data(self.ctx).asnumpy() for p in self.params.values()]
+
+    def allreduce(self, array, average: bool = True):
+        array = np.ascontiguousarray(array)
+        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average)
+        return out.asnumpy()
+
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
+
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        out = self.hvd.broadcast_object(obj, root_rank=root, name=name)
+        mx.nd.waitall()   # MXNet runs it asynchronously: the root must not move on (or exit) before it is sent
+        return out

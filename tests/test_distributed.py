@@ -1,0 +1,135 @@
+"""Real 2-rank jobs under horovodrun (gloo, MPI) and plain mpirun, on CPU, for every framework.
+
+Each test runs once per framework whose Horovod extension is built here; the assertions are the
+same for all of them: that is the toolkit's promise.
+"""
+import hashlib
+
+import numpy as np
+import pytest
+
+from tests.conftest import TRAIN, clean_env, one_line_error, run, toolkit, train_job
+
+pytestmark = pytest.mark.distributed
+FRAMEWORKS = ["torch", "mxnet"]
+
+
+@pytest.fixture(params=FRAMEWORKS)
+def fw(request):
+    pytest.importorskip(request.param)
+    pytest.importorskip(f"horovod.{request.param}", reason="Horovod built with this framework: `make setup`")
+    return request.param
+
+
+def digits(fw):
+    return ["--framework", fw, "--dataset", "digits"]
+
+
+def params(fw, checkpoint_dir) -> dict:
+    """The model parameters of the newest checkpoint (written by rank 0), as numpy arrays."""
+    latest = sorted(p for p in checkpoint_dir.iterdir() if p.name.startswith("ckpt-"))[-1]
+    if fw == "torch":
+        import torch
+        return {k: v.numpy() for k, v in torch.load(latest / "state.pt", weights_only=True)["model"].items()}
+    import mxnet as mx
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(latest / "model.params")).items()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi", "mpirun"])
+def test_two_ranks_start_different_and_end_identical(fw, launcher):
+    out = train_job(launcher, digits(fw) + ["--epochs", "15"])
+    assert out["world_size"] == 2 and out["framework"] == fw and out["backend"] == "horovod"
+    first, second = out["initial_digests"]
+    assert first != second, "ranks must start from different weights so the broadcast is really tested"
+    assert out["accuracy"] > 0.90, out
+    assert out["steps"] == 15 * ((1437 // 2) // 32)
+    for key in ("final_loss", "param_digest", "samples_per_sec"):
+        assert key in out
+
+
+def test_single_process_runs_unchanged(fw):
+    out = train_job("single", digits(fw) + ["--epochs", "2", "--dataset", "synthetic"])
+    assert out["world_size"] == 1 and len(out["initial_digests"]) == 1
+
+
+def test_lr_scaling_and_warmup_by_world_size(fw):
+    out = train_job("gloo", digits(fw) + ["--epochs", "2", "--lr", "0.05", "--lr-scaling", "sqrt",
+                                          "--warmup-epochs", "1"])
+    assert out["lr"] == pytest.approx(0.05 * 2 ** 0.5)
+    assert out["accuracy"] > 0.5
+
+
+def test_accumulation_equals_large_batch(fw, tmp_path):
+    """2 ranks x accumulation 2 x batch 8 == 1 rank x batch 32, plain SGD."""
+    common = digits(fw) + ["--epochs", "2", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1"]
+    train_job("gloo", common + ["--batch-size", "8", "--accumulation-steps", "2",
+                                "--checkpoint-dir", tmp_path / "acc"])
+    train_job("single", common + ["--batch-size", "32", "--checkpoint-dir", tmp_path / "big"])
+    assert max_diff(params(fw, tmp_path / "acc"), params(fw, tmp_path / "big")) < 1e-6
+    # and not trivially: another batch size differs
+    train_job("single", common + ["--batch-size", "16", "--checkpoint-dir", tmp_path / "other"])
+    assert max_diff(params(fw, tmp_path / "other"), params(fw, tmp_path / "big")) > 1e-3
+
+
+def test_op_sum_is_average_times_world_size(fw, tmp_path):
+    """Horovod's Sum adds each rank's mean gradient: with lr/2 it equals Average with lr."""
+    common = digits(fw) + ["--epochs", "1", "--momentum", "0"]
+    train_job("gloo", common + ["--op", "sum", "--lr", "0.05", "--checkpoint-dir", tmp_path / "sum"])
+    train_job("gloo", common + ["--op", "average", "--lr", "0.1", "--checkpoint-dir", tmp_path / "avg"])
+    assert max_diff(params(fw, tmp_path / "sum"), params(fw, tmp_path / "avg")) < 1e-6
+
+
+def test_fp16_compression_close_to_none(fw, tmp_path):
+    common = digits(fw) + ["--epochs", "3"]
+    plain = train_job("gloo", common + ["--checkpoint-dir", tmp_path / "none"])
+    fp16 = train_job("gloo", common + ["--compression", "fp16", "--checkpoint-dir", tmp_path / "fp16"])
+    assert plain["param_digest"] != fp16["param_digest"], "fp16 must really change what is sent"
+    assert max_diff(params(fw, tmp_path / "none"), params(fw, tmp_path / "fp16")) < 5e-3
+    assert abs(plain["final_loss"] - fp16["final_loss"]) < 0.01
+
+
+def test_resume_reaches_the_uninterrupted_parameters(fw, tmp_path):
+    common = digits(fw) + ["--optimizer", "sgd", "--momentum", "0.9"]
+    straight = train_job("gloo", common + ["--epochs", "4", "--checkpoint-dir", tmp_path / "a"])
+    train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "b"])
+    resumed = train_job("gloo", common + ["--epochs", "4", "--resume", "--checkpoint-dir", tmp_path / "b"])
+    assert resumed["steps"] == straight["steps"]
+    assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
+    assert (tmp_path / "b" / "config.yaml").read_text().count("resume: true") == 1
+
+
+def test_corrupt_checkpoint_on_resume(fw, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    train_job("gloo", digits(fw) + ["--epochs", "2", "--checkpoint-dir", ckpt])
+    older, newest = sorted(p for p in ckpt.iterdir() if p.name.startswith("ckpt-"))
+    state = next(p.name for p in newest.iterdir() if p.name != "meta.json")
+    before = hashlib.sha256((older / state).read_bytes()).hexdigest()
+    (newest / state).write_bytes(b"not a checkpoint")
+    proc = run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *TRAIN, *digits(fw), "--epochs", "3",
+                "--resume", "--checkpoint-dir", ckpt], timeout=180)
+    one_line_error(proc, newest.name, "corrupt", launched=True)
+    assert hashlib.sha256((older / state).read_bytes()).hexdigest() == before
+
+
+def test_horovod_built_without_the_framework(fw, tmp_path):
+    """A Horovod whose extension for `fw` was not built (what --check-build would still tick)."""
+    fake = tmp_path / "site" / "horovod"
+    (fake / fw).mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / fw / "__init__.py").write_text(
+        f"raise ImportError('Extension horovod.{fw} has not been built.  If this is not expected, "
+        "reinstall Horovod with HOROVOD_WITH_X=1 to debug the build error.')\n")
+    proc = run(TRAIN + digits(fw) + ["--epochs", "1"], env=clean_env(PYTHONPATH=str(tmp_path / "site")),
+               timeout=120)
+    one_line_error(proc, f"Horovod was built without {fw} support", f"toolkit build-horovod --frameworks {fw}")
+
+
+def test_writes_config_beside_checkpoints(fw, tmp_path):
+    train_job("single", digits(fw) + ["--epochs", "1", "--checkpoint-dir", tmp_path, "--lr", "0.07"])
+    proc = toolkit("config", "show", "--config", tmp_path / "config.yaml")
+    assert proc.returncode == 0 and "lr: 0.07" in proc.stdout and f"framework: {fw}" in proc.stdout
