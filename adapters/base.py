@@ -56,6 +56,18 @@ def launcher_local_size() -> int:
     return 1
 
 
+def check_op(hvd, config) -> None:
+    """What Horovod's Adasum needs, checked after hvd.init() instead of failing inside a step."""
+    if config.op.value != "adasum":
+        return
+    if not hvd.mpi_enabled():
+        raise ToolkitError("op=adasum needs Horovod's MPI controller (Horovod has no Adasum over Gloo); "
+                           "launch with `horovodrun --mpi` or mpirun, or use op: average")
+    if hvd.size() & (hvd.size() - 1):
+        raise ToolkitError(f"op=adasum needs a power-of-2 number of ranks, got {hvd.size()}; "
+                           "change -np or use op: average")
+
+
 def require_gpu_if_asked(has_gpu: bool) -> None:
     """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
     if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
@@ -109,10 +121,11 @@ class Adapter(abc.ABC):
     def allreduce(self, array, average: bool = True):
         """numpy array in, numpy array out, summed or averaged over ranks."""
 
-    # Horovod names an object collective after type(obj) unless told: ranks passing objects of
-    # different types (rank 0 a payload, the others None) would wait forever. Always name them.
-    @abc.abstractmethod
-    def allgather_object(self, obj, name: str) -> list: ...
+    # Object collectives, the same for every framework's Horovod module (set as self.hvd in init).
+    # Horovod names them after type(obj) unless told: ranks passing objects of different types
+    # (rank 0 a payload, the others None) would wait forever. So a name is required.
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
 
-    @abc.abstractmethod
-    def broadcast_object(self, obj, name: str, root: int = 0): ...
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root, name=name)

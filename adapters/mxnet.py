@@ -126,10 +126,7 @@ class MxnetAdapter(Adapter):
         out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average)
         return out.asnumpy()
 
-    def allgather_object(self, obj, name: str) -> list:
-        return self.hvd.allgather_object(obj, name=name)
-
     def broadcast_object(self, obj, name: str, root: int = 0):
-        out = self.hvd.broadcast_object(obj, root_rank=root, name=name)
+        out = super().broadcast_object(obj, name, root)
         mx.nd.waitall()   # MXNet runs it asynchronously: the root must not move on (or exit) before it is sent
         return out

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod,
+from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
                            require_gpu_if_asked)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
@@ -32,6 +32,7 @@ class TorchAdapter(Adapter):
         apply_horovod_tuning(config)
         self.hvd = hvd = import_horovod("horovod.torch", "torch")
         hvd.init()
+        check_op(hvd, config)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
         has_gpu = torch.cuda.is_available()
         require_gpu_if_asked(has_gpu)
@@ -113,9 +114,3 @@ class TorchAdapter(Adapter):
         out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
                                  op=self.hvd.Average if average else self.hvd.Sum)
         return out.numpy()
-
-    def allgather_object(self, obj, name: str) -> list:
-        return self.hvd.allgather_object(obj, name=name)
-
-    def broadcast_object(self, obj, name: str, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root, name=name)

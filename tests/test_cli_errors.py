@@ -25,7 +25,7 @@ def test_bad_config_files(tmp_path, text, needles):
     (["--accumulation-steps", "0"], ["accumulation_steps=0"]),
     (["--lr", "-1"], ["lr=-1.0"]),
     (["--epochs", "0"], ["epochs=0"]),
-    (["--framework", "caffe"], ["framework='caffe'", "Available: torch, mxnet"]),
+    (["--framework", "caffe"], ["framework='caffe'", "Available: torch, tensorflow, mxnet"]),
 ])
 def test_bad_flags(flags, needles):
     one_line_error(run(TRAIN + flags, timeout=60), *needles)

@@ -62,7 +62,7 @@ def test_roundtrip_through_yaml(tmp_path):
     ({"lr": "0"}, ["lr=0.0", "> 0"]),
     ({"lr": "-0.1"}, ["lr=-0.1"]),
     ({"batch_size": "2.5"}, ["batch_size='2.5'", "integer"]),
-    ({"framework": "jax"}, ["framework='jax'", "not found. Available: torch, mxnet"]),
+    ({"framework": "jax"}, ["framework='jax'", "not found. Available: torch, tensorflow, mxnet"]),
     ({"framework": "mxnet", "op": "adasum"}, ["op='adasum'", "framework='mxnet'", "no Adasum", "average or sum"]),
     ({"optimizer": "rmsprop"}, ["optimizer='rmsprop'", "sgd, adam"]),
     ({"compression": "zip"}, ["compression='zip'", "none, fp16"]),

@@ -1,7 +1,10 @@
 """Launcher argv and environment, without MPI (Horovod's test/single style)."""
+import os
+import sys
+
 import pytest
 
-from tests.conftest import one_line_error, toolkit
+from tests.conftest import one_line_error, run, toolkit
 from toolkit import launch
 from toolkit.errors import ToolkitError
 
@@ -13,7 +16,17 @@ def test_horovodrun_defaults_to_localhost_slots():
     assert argv[:argv.index("python")] == ["horovodrun", "-np", "2", "-H", "localhost:2",
                                             "--start-timeout", "60", "--gloo"]
     assert argv[-len(CMD):] == list(CMD)
-    assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == "/bin"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    # the launching Python's bin/ (a virtualenv's: horovodrun, python) comes first, even if not activated
+    assert env["PATH"] == f"{os.path.dirname(sys.executable)}{os.pathsep}/bin"
+
+
+def test_cli_finds_horovodrun_in_an_inactive_virtualenv():
+    bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    proc = run([sys.executable, "-m", "toolkit", "launch", "-np", "1", "--gloo", "--timeout", "120", "--",
+                sys.executable, "-c", "print('rank ok')"], env=bare, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    assert "rank ok" in proc.stdout
 
 
 def test_horovodrun_hosts_and_interface():

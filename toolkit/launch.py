@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
@@ -93,6 +94,11 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     env = dict(environ)
     env.update(item.split("=", 1) for item in spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Launched from a virtualenv (`.venv/bin/toolkit launch`), the job uses that environment:
+    # its bin/ holds horovodrun and the python the ranks should run, active or not.
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
     hosts = spec.hosts or f"localhost:{spec.np}"
     if spec.launcher == "horovodrun":
         argv = ["horovodrun", "-np", str(spec.np), "-H", hosts, "--start-timeout", str(spec.start_timeout)]

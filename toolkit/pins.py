@@ -26,7 +26,6 @@ TOOLS = {
     "packaging": "26.3",
     "cffi": "2.1.1",
     "scikit-learn": "1.9.1",    # ships the real 8x8 `digits` dataset, no download
-    "tqdm": "4.70.1",
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
     "setuptools": "84.2.1",

@@ -24,6 +24,8 @@ class AdapterSpec:
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("adapters.torch:TorchAdapter", "torch",
                          "pip install torch==2.13.0 (or run `make setup`)", ("horovod",)),
+    "tensorflow": AdapterSpec("adapters.tensorflow:TensorflowAdapter", "tensorflow",
+                              "pip install tensorflow-cpu==2.21.0 (or run `make setup`)", ("horovod",)),
     "mxnet": AdapterSpec("adapters.mxnet:MxnetAdapter", "mxnet",
                          "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)", ("horovod",),
                          ops=("average", "sum"),

@@ -98,8 +98,8 @@ def run(config: Config) -> dict:
         losses = []
         for s in range(step - epoch * spe, spe):
             adapter.set_lr(lr := schedule.lr_at(config, size, step, spe))
-            batches = [(data.x_train[idx], data.y_train[idx])
-                       for j in range(k) for idx in [shard[(s * k + j) * b:(s * k + j + 1) * b]]]
+            micro = (shard[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k))
+            batches = [(data.x_train[idx], data.y_train[idx]) for idx in micro]
             losses.append(adapter.train_step(batches))
             step += 1
         train_seconds += time.perf_counter() - t0

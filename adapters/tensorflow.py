@@ -1,0 +1,193 @@
+"""TensorFlow 2.21 + Keras 3 through Horovod's TensorFlow ops.
+
+`horovod.tensorflow.keras` fails on Keras 3 (horovod#4290), so this adapter is the toolkit's own
+Keras 3 integration on top of `horovod.tensorflow`: a custom training step that computes the
+local gradients of `accumulation_steps` micro-batches, allreduces them once
+(`hvd.grouped_allreduce` with the configured compression and op), adds coupled L2 weight decay
+(the same meaning as torch's and MXNet's `weight_decay`) and applies them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
+                           launcher_local_size, require_gpu_if_asked)
+from toolkit.config import Compression, Config, Model, Op, Optimizer
+
+WEIGHTS_FILE = "weights.npz"
+OPTIMIZER_FILE = "optimizer.npz"
+
+
+def build_model(config: Config, num_features: int, num_classes: int) -> keras.Model:
+    layers = [keras.Input((num_features,))]
+    if config.model is Model.MLP:
+        layers += [keras.layers.Dense(config.hidden_size, activation="relu") for _ in range(config.hidden_layers)]
+    return keras.Sequential(layers + [keras.layers.Dense(num_classes)])
+
+
+def _save_arrays(path: Path, arrays) -> None:
+    with open(path, "wb") as f:      # a file object: np.savez would append .npz to a bare name
+        np.savez(f, *arrays)
+
+
+def _load_arrays(path: Path) -> list:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+# -- Keras 3 `model.fit` with Horovod: what horovod.tensorflow.keras gives tf-keras users ----------
+
+def _hvd():
+    return import_horovod("horovod.tensorflow", "tensorflow")
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op=None,
+                         compression=None) -> keras.optimizers.Optimizer:
+    """A copy of a Keras 3 optimizer that allreduces gradients before applying them.
+
+    For `model.fit` and custom loops alike (both end in `optimizer.apply`). With Keras's own
+    `gradient_accumulation_steps`, each micro-batch's gradients are allreduced (the result equals
+    the large batch; the toolkit's trainer instead allreduces once per step).
+    """
+    hvd = _hvd()
+    op = hvd.Average if op is None else op
+    compression = hvd.Compression.none if compression is None else compression
+
+    class _Distributed(type(optimizer)):
+        def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
+            if hvd.size() > 1:
+                grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
+            return super().apply(grads, trainable_variables)
+
+    _Distributed.__name__ = f"Distributed{type(optimizer).__name__}"
+    return _Distributed.from_config(optimizer.get_config())
+
+
+class BroadcastCallback(keras.callbacks.Callback):
+    """At the start of `fit`: rank 0's model and optimizer variables on every rank."""
+
+    def on_train_begin(self, logs=None):
+        hvd = _hvd()
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        for i, v in enumerate(self.model.variables + list(self.model.optimizer.variables)):
+            v.assign(hvd.broadcast(v.value, root_rank=0, name=f"toolkit.fit_broadcast.{i}"))
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At each epoch's end: every logged metric averaged over the ranks (so rank 0 logs the job's)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs:
+            hvd = _hvd()
+            for key in sorted(logs):
+                logs[key] = float(hvd.allreduce(tf.constant(float(logs[key]), tf.float64),
+                                                op=hvd.Average, name=f"toolkit.metric.{key}"))
+
+
+class TensorflowAdapter(Adapter):
+    name = "tensorflow"
+
+    def init(self, config: Config) -> Topology:
+        apply_horovod_tuning(config)
+        threads = max(1, (os.cpu_count() or 1) // launcher_local_size())
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        self.hvd = hvd = import_horovod("horovod.tensorflow", "tensorflow")
+        hvd.init()
+        check_op(hvd, config)
+        gpus = tf.config.list_physical_devices("GPU")
+        require_gpu_if_asked(bool(gpus))
+        if gpus:   # one GPU per local rank, the Horovod pattern
+            gpu = gpus[hvd.local_rank() % len(gpus)]
+            tf.config.experimental.set_memory_growth(gpu, True)
+            tf.config.set_visible_devices(gpu, "GPU")
+        device = f"gpu:{hvd.local_rank()}" if gpus else "cpu"
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), device)
+
+    def build(self, config: Config, num_features: int, num_classes: int) -> None:
+        keras.utils.set_random_seed(config.seed + self.hvd.rank())
+        self.model = build_model(config, num_features, num_classes)
+        if config.optimizer is Optimizer.SGD:
+            self.optimizer = keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+        else:
+            self.optimizer = keras.optimizers.Adam(learning_rate=config.lr)
+        self.optimizer.build(self.model.trainable_variables)   # state exists on every rank, for broadcast
+        self.weight_decay = config.weight_decay
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def wrap(self, config: Config) -> None:
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
+        op = {Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: hvd.Adasum}[config.op]
+        variables = self.model.trainable_variables
+        weight_decay = self.weight_decay
+
+        @tf.function
+        def local_gradients(x, y, scale):
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(y, self.model(x, training=True)) * scale
+            return loss, tape.gradient(loss, [v.value for v in variables])
+
+        @tf.function
+        def apply(grads):
+            if hvd.size() > 1:
+                grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
+            if weight_decay:
+                grads = [g + weight_decay * v.value for g, v in zip(grads, variables)]
+            self.optimizer.apply_gradients(zip(grads, variables))
+
+        self._local_gradients, self._apply = local_gradients, apply
+
+    def broadcast(self) -> None:
+        hvd = self.hvd
+        for i, v in enumerate(self.model.variables + list(self.optimizer.variables)):
+            v.assign(hvd.broadcast(v.value, root_rank=0, name=f"toolkit.broadcast.{i}"))
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.learning_rate = lr
+
+    def train_step(self, batches) -> float:
+        scale = tf.constant(1.0 / len(batches))
+        total, summed = 0.0, None
+        for x, y in batches:
+            loss, grads = self._local_gradients(tf.constant(x), tf.constant(y), scale)
+            summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
+            total += float(loss)
+        self._apply(summed)
+        return total
+
+    def evaluate(self, x, y) -> tuple[float, int, int]:
+        if len(x) == 0:
+            return 0.0, 0, 0
+        logits = self.model(tf.constant(x), training=False)
+        loss = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+        correct = int(tf.reduce_sum(tf.cast(tf.argmax(logits, axis=1) == y, tf.int32)))
+        return float(tf.reduce_sum(loss)), correct, len(y)
+
+    def save(self, folder: Path) -> None:
+        _save_arrays(folder / WEIGHTS_FILE, self.model.get_weights())
+        _save_arrays(folder / OPTIMIZER_FILE, [v.numpy() for v in self.optimizer.variables])
+
+    def load(self, folder: Path) -> None:
+        self.model.set_weights(_load_arrays(folder / WEIGHTS_FILE))
+        state = _load_arrays(folder / OPTIMIZER_FILE)
+        if len(state) != len(self.optimizer.variables):
+            raise ValueError(f"{OPTIMIZER_FILE} holds {len(state)} arrays, the optimizer has "
+                             f"{len(self.optimizer.variables)} (another optimizer or model?)")
+        for v, value in zip(self.optimizer.variables, state):
+            v.assign(value)
+
+    def parameters(self) -> list:
+        return self.model.get_weights()
+
+    def allreduce(self, array, average: bool = True):
+        out = self.hvd.allreduce(tf.constant(np.ascontiguousarray(array)),
+                                 op=self.hvd.Average if average else self.hvd.Sum)
+        return out.numpy()
