@@ -23,7 +23,7 @@ from toolkit.errors import ToolkitError
 
 ENV_PREFIX = "TOOLKIT_"
 # TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
-ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_TEST_FULL"})
+ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU"})
 
 
 class Backend(str, enum.Enum):

@@ -53,7 +53,7 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _run(cmd, say, what: str) -> None:
+def _run(cmd, what: str) -> None:
     proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
     if proc.returncode != 0:
@@ -70,16 +70,16 @@ def setup(venv: Path, build_args: list[str], say=print) -> None:
     python = _venv_python(venv)
     if not python.exists():
         say(f"setup: creating {venv}")
-        _run([sys.executable, "-m", "venv", venv], say, "creating the virtualenv")
+        _run([sys.executable, "-m", "venv", venv], "creating the virtualenv")
     stamp = venv / STAMP
     if not stamp.exists() or stamp.read_text().strip() != pins_digest():
         say("setup: installing pinned packages (torch CPU, tensorflow-cpu, mxnet, numpy<2, ...)")
         pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run(pip + ["--upgrade", f"setuptools=={pins.TOOLS['setuptools']}",
-                    f"wheel=={pins.TOOLS['wheel']}"], say, "installing setuptools")
-        _run(pip + pins.requirements(), say, "pip install of the pinned packages")
-        _run(pip + ["--no-deps"] + pins.no_deps_requirements(), say, "pip install of tf-keras")
-        _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], say, "installing the toolkit")
+                    f"wheel=={pins.TOOLS['wheel']}"], "installing setuptools")
+        _run(pip + pins.requirements(), "pip install of the pinned packages")
+        _run(pip + ["--no-deps"] + pins.no_deps_requirements(), "pip install of tf-keras")
+        _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], "installing the toolkit")
         site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        text=True).strip()
         install_numpy_shim(Path(site))
