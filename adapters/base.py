@@ -56,6 +56,11 @@ def launcher_local_size() -> int:
     return 1
 
 
+def threads_per_rank() -> int:
+    """This host's cores shared between its ranks (known before hvd.init, as MXNet and TF need)."""
+    return max(1, (os.cpu_count() or 1) // launcher_local_size())
+
+
 def check_op(hvd, config) -> None:
     """What Horovod's Adasum needs, checked after hvd.init() instead of failing inside a step."""
     if config.op.value != "adasum":

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
-from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod, launcher_local_size,
-                           require_gpu_if_asked)
+from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod,
+                           require_gpu_if_asked, threads_per_rank)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // launcher_local_size())))
+os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank()))
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402

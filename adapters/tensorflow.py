@@ -8,7 +8,6 @@ local gradients of `accumulation_steps` micro-batches, allreduces them once
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import keras
@@ -16,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
-                           launcher_local_size, require_gpu_if_asked)
+                           require_gpu_if_asked, threads_per_rank)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 WEIGHTS_FILE = "weights.npz"
@@ -96,7 +95,7 @@ class TensorflowAdapter(Adapter):
 
     def init(self, config: Config) -> Topology:
         apply_horovod_tuning(config)
-        threads = max(1, (os.cpu_count() or 1) // launcher_local_size())
+        threads = threads_per_rank()
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         self.hvd = hvd = import_horovod("horovod.tensorflow", "tensorflow")

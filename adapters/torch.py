@@ -1,7 +1,6 @@
 """PyTorch through Horovod: `hvd.DistributedOptimizer` with compression, accumulation and op."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
-                           require_gpu_if_asked)
+                           require_gpu_if_asked, threads_per_rank)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 STATE_FILE = "state.pt"
@@ -33,7 +32,7 @@ class TorchAdapter(Adapter):
         self.hvd = hvd = import_horovod("horovod.torch", "torch")
         hvd.init()
         check_op(hvd, config)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        torch.set_num_threads(threads_per_rank())
         has_gpu = torch.cuda.is_available()
         require_gpu_if_asked(has_gpu)
         if has_gpu:
