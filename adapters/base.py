@@ -22,6 +22,12 @@ class Topology:
     local_rank: int
     local_size: int
     device: str          # "cpu" or "cuda:0", "gpu(1)", ... as the framework names it
+    replicas: int = 1    # model replicas this process drives (several only under TF's native strategies)
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel replicas in the job: what batch sizes, sharding and lr scaling count."""
+        return self.size * self.replicas
 
 
 def import_horovod(module: str, framework: str):
@@ -81,6 +87,7 @@ def require_gpu_if_asked(has_gpu: bool) -> None:
 
 class Adapter(abc.ABC):
     name: str
+    path: str = ""       # how this adapter trains, in a few words (the JSON summary's "path")
 
     # -- lifecycle, called in this order by toolkit.trainer ------------------------------------
     @abc.abstractmethod
@@ -104,7 +111,10 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
-        """One optimizer step over `accumulation_steps` micro-batches of numpy (x, y); local mean loss."""
+        """One optimizer step over `accumulation_steps` micro-batches of numpy (x, y); local mean loss.
+
+        With several replicas per process, each micro-batch holds the replicas' batches one after
+        the other (replica order), to be split evenly."""
 
     @abc.abstractmethod
     def evaluate(self, x, y) -> tuple[float, int, int]:
@@ -120,6 +130,10 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def parameters(self) -> list:
         """Model state as numpy arrays, in a fixed order (for digests and comparisons)."""
+
+    def replica_parameters(self) -> list[list]:
+        """`parameters()` of each replica this process drives (one, except under native strategies)."""
+        return [self.parameters()]
 
     # -- tensor operations for toolkit algorithms -------------------------------------------------
     @abc.abstractmethod

@@ -41,6 +41,7 @@ def build_model(config: Config, num_features: int, num_classes: int) -> gluon.nn
 
 class MxnetAdapter(Adapter):
     name = "mxnet"
+    path = "horovod.mxnet DistributedTrainer"
 
     def init(self, config: Config) -> Topology:
         apply_horovod_tuning(config)

@@ -92,6 +92,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 class TensorflowAdapter(Adapter):
     name = "tensorflow"
+    path = "Keras 3 step on horovod.tensorflow grouped_allreduce"
 
     def init(self, config: Config) -> Topology:
         apply_horovod_tuning(config)

@@ -26,6 +26,7 @@ def build_model(config: Config, num_features: int, num_classes: int) -> torch.nn
 
 class TorchAdapter(Adapter):
     name = "torch"
+    path = "horovod.torch DistributedOptimizer"
 
     def init(self, config: Config) -> Topology:
         apply_horovod_tuning(config)

@@ -57,6 +57,16 @@ class Compression(str, enum.Enum):
     FP16 = "fp16"
 
 
+class Keras(str, enum.Enum):
+    KERAS3 = "keras3"       # Keras 3, TensorFlow's default since 2.16
+    TF_KERAS = "tf_keras"   # legacy Keras 2 (the tf-keras package), through horovod.tensorflow.keras
+
+
+class Strategy(str, enum.Enum):
+    MIRRORED = "mirrored"                           # one process, several devices
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"  # one process per worker, TF_CONFIG
+
+
 class Op(str, enum.Enum):
     AVERAGE = "average"
     SUM = "sum"
@@ -71,6 +81,11 @@ def _f(default, help: str, **kw):
 class Config:
     framework: str = _f("torch", "framework adapter", choices=registry.names)
     backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated")
+    keras: Keras = _f(Keras.KERAS3, "tensorflow: Keras 3, or legacy tf-keras (TF_USE_LEGACY_KERAS=1 selects it)")
+    strategy: Optional[Strategy] = _f(None, "backend native: TensorFlow strategy; unset = multi_worker_mirrored "
+                                            "when TF_CONFIG is set, else mirrored")
+    num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = every GPU, "
+                                          "else 1 CPU (N > 1 on CPU: N logical devices)")
     model: Model = _f(Model.MLP, "model architecture")
     hidden_size: int = _f(64, "width of each hidden layer (mlp)")
     hidden_layers: int = _f(1, "number of hidden layers (mlp)")
@@ -114,13 +129,35 @@ class Config:
         if self.resume and not self.checkpoint_dir:
             raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
                                "(the folder an earlier run wrote checkpoints to)")
+        self._check_capabilities()
+
+    def _check_capabilities(self) -> None:
+        """What the chosen framework and backend implement (toolkit/registry.py), with the alternative."""
         spec = registry.spec(self.framework)
-        if self.backend.value not in spec.backends:
-            raise ToolkitError(f"backend={self.backend.value!r} is not available for framework="
-                               f"{self.framework!r}; use one of: {', '.join(spec.backends)}")
-        if self.op.value not in spec.ops:
-            raise ToolkitError(f"op={self.op.value!r} is not available for framework={self.framework!r} "
-                               f"({spec.missing_ops_reason}); use op: {' or '.join(spec.ops)}")
+        backend = self.backend.value
+        if backend not in spec.backends:
+            raise ToolkitError(f"backend={backend!r} is not available for framework={self.framework!r}; "
+                               f"use one of: {', '.join(spec.backends)}")
+        impl = spec.implementation(backend)
+        for name, allowed in (("op", impl.ops), ("compression", impl.compressions)):
+            value = getattr(self, name).value
+            if value not in allowed:
+                raise ToolkitError(f"{name}={value!r} is not available for framework={self.framework!r} with "
+                                   f"backend={backend!r} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
+        if self.keras is not Keras.KERAS3 and self.framework != "tensorflow":
+            raise ToolkitError(f"keras={self.keras.value!r} applies to framework: tensorflow only; drop it")
+        if self.keras is Keras.TF_KERAS and self.backend is Backend.NATIVE:
+            raise ToolkitError("keras='tf_keras' runs on backend: horovod (horovod.tensorflow.keras); "
+                               "the native strategies run Keras 3 here: drop keras or use --backend horovod")
+        if self.strategy is not None and self.backend is not Backend.NATIVE:
+            raise ToolkitError(f"strategy={self.strategy.value!r} needs backend: native (with backend horovod, "
+                               "Horovod does the communication); add --backend native or drop strategy")
+        if self.num_devices is not None:
+            if self.num_devices < 1:
+                _bad("num_devices", self.num_devices, "must be a positive integer", example="2")
+            if self.backend is not Backend.NATIVE or self.strategy is Strategy.MULTI_WORKER_MIRRORED:
+                raise ToolkitError("num_devices applies to strategy: mirrored (one process, several devices); "
+                                   "elsewhere each rank has one device: set the number of ranks with -np")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -150,7 +187,11 @@ def flag(name: str) -> str:
 
 
 def _example(name: str) -> str:
-    return str(_plain(next(f.default for f in dataclasses.fields(Config) if f.name == name)))
+    f = next(f for f in dataclasses.fields(Config) if f.name == name)
+    kind, _ = _base_type(f)
+    if f.default is None and isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return next(iter(kind)).value
+    return str(_plain(f.default))
 
 
 def _bad(name: str, value, why: str, example: str) -> None:
@@ -288,4 +329,8 @@ def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
         # from_dict words the message (nearest key, allowed keys)
         Config.from_dict({unknown[0]: None}, source=merged[unknown[0]][1])
     values = {k: _coerce(kinds[k], v, src) for k, (v, src) in merged.items()}
+    if ("keras" not in values and values.get("framework") == "tensorflow"
+            and values.get("backend", Backend.HOROVOD) is Backend.HOROVOD
+            and str(environ.get("TF_USE_LEGACY_KERAS", "")).lower() in _TRUE):
+        values["keras"] = Keras.TF_KERAS     # TensorFlow's own switch for legacy Keras, honoured
     return Config(**values)

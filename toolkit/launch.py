@@ -1,13 +1,18 @@
-"""argv + environment for `horovodrun` or plain `mpirun`, and running them with timeouts.
+"""argv + environment for `horovodrun`, plain `mpirun`, or TensorFlow's own workers, with timeouts.
 
-No framework import and no MPI needed to build a command: `plan()` is pure and unit-tested.
+No framework import and no MPI needed to build a command: `plan()` and `plan_workers()` are pure
+and unit-tested. The `tf_config` launcher (`toolkit launch --backend native`) starts one process
+per worker itself (over ssh for other hosts) with each one's TF_CONFIG, for
+MultiWorkerMirroredStrategy; the first worker to fail stops the others.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +21,8 @@ from typing import Mapping, Optional, Sequence
 
 from toolkit.errors import ToolkitError
 
-LAUNCHERS = ("horovodrun", "mpirun")
+LAUNCHERS = ("horovodrun", "mpirun", "tf_config")
+TF_CONFIG_BASE_PORT = 23456     # worker s on a remote host listens on base + s (local workers: free ports)
 CONTROLLERS = ("gloo", "mpi")
 # Variables every rank needs to see the same Python environment and the toolkit's settings.
 _PASS_PREFIXES = ("TOOLKIT_", "HOROVOD_", "NCCL_", "OMP_", "TF_", "MXNET_")
@@ -47,6 +53,9 @@ class LaunchSpec:
             raise ToolkitError(f"controller {self.controller!r}: choose --gloo or --mpi")
         if self.launcher == "mpirun" and self.controller == "gloo":
             raise ToolkitError("--gloo needs horovodrun; drop --gloo or use --launcher horovodrun")
+        if self.launcher == "tf_config" and self.controller is not None:
+            raise ToolkitError(f"--{self.controller} is a Horovod controller; TensorFlow's native workers "
+                               "(--backend native) talk through TF_CONFIG: drop it")
         if self.start_timeout < 1:
             raise ToolkitError(f"--start-timeout {self.start_timeout}: must be at least 1 second")
         slots = total_slots(self.hosts) if self.hosts else None
@@ -88,10 +97,9 @@ def _passed_names(environ: Mapping[str, str]) -> list[str]:
     return sorted(k for k in environ if k in _PASS_NAMES or k.startswith(_PASS_PREFIXES))
 
 
-def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The launcher's argv and environment for `spec`."""
-    environ = dict(os.environ if environ is None else environ)
-    env = dict(environ)
+def worker_env(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank starts with: the caller's, `--env` items, unbuffered output."""
+    env = dict(os.environ if environ is None else environ)
     env.update(item.split("=", 1) for item in spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     # Launched from a virtualenv (`.venv/bin/toolkit launch`), the job uses that environment:
@@ -99,6 +107,12 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     bin_dir = os.path.dirname(sys.executable)
     if bin_dir not in env.get("PATH", "").split(os.pathsep):
         env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
+    return env
+
+
+def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher's argv and environment for `spec` (horovodrun or mpirun)."""
+    env = worker_env(spec, environ)
     hosts = spec.hosts or f"localhost:{spec.np}"
     if spec.launcher == "horovodrun":
         argv = ["horovodrun", "-np", str(spec.np), "-H", hosts, "--start-timeout", str(spec.start_timeout)]
@@ -119,6 +133,38 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     return argv + list(spec.extra) + list(spec.command), env
 
 
+def _is_local(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", socket.gethostname())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def plan_workers(spec: LaunchSpec, environ: Mapping[str, str] | None = None,
+                 port=_free_port) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, env) per TensorFlow worker: hosts filled slot by slot, as horovodrun fills them."""
+    base = worker_env(spec, environ)
+    places = [(host, s) for host, slots in parse_hosts(spec.hosts or f"localhost:{spec.np}")
+              for s in range(slots)][:spec.np]
+    workers = [f"{host}:{port() if _is_local(host) else TF_CONFIG_BASE_PORT + s}" for host, s in places]
+    out = []
+    for index, (host, _) in enumerate(places):
+        env = dict(base, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                               "task": {"type": "worker", "index": index}}))
+        argv = list(spec.extra) + list(spec.command)
+        if not _is_local(host):   # the same environment on the other host, through ssh
+            names = [k for k in _passed_names(env) if k != "PATH"] + ["TF_CONFIG"]
+            line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env"] +
+                            [f"{k}={shlex.quote(env[k])}" for k in sorted(set(names))] +
+                            [shlex.quote(a) for a in argv])
+            argv = ["ssh", "-o", "BatchMode=yes", host, line]
+        out.append((argv, env))
+    return out
+
+
 def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[str, str]) -> str:
     """A shell line a user can paste: changed variables first, then the command."""
     changed = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if base.get(k) != v]
@@ -127,6 +173,8 @@ def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[st
 
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
+    if spec.launcher == "tf_config":
+        return _run_workers(plan_workers(spec, environ), timeout)
     argv, env = plan(spec, environ)
     if shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
@@ -141,6 +189,28 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     except KeyboardInterrupt:
         _kill_group(proc)
         return 130
+
+
+def _run_workers(workers, timeout: Optional[float]) -> int:
+    """Start every worker; the first non-zero exit stops the rest and is the job's exit code."""
+    procs = [subprocess.Popen(argv, env=env, start_new_session=True) for argv, env in workers]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed or all(c == 0 for c in codes):
+                return failed[0] if failed else 0
+            if deadline is not None and time.monotonic() > deadline:
+                raise ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
+                                   "raise --timeout if it needs longer", code=124)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_group(p)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,35 +1,54 @@
-"""Framework name -> adapter class, imported only when chosen, so `import toolkit` stays light.
+"""Framework name -> adapter class per backend, imported only when chosen, so `import toolkit` stays light.
 
 Availability is decided here, once, from `importlib.util.find_spec` (no framework import).
+What each implementation can do (ops, compressions) is declared here too and checked when the
+config resolves, so a request an adapter cannot honour fails before any process starts.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toolkit.errors import ToolkitError
+
+ALL_OPS = ("average", "sum", "adasum")
+ALL_COMPRESSIONS = ("none", "fp16")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    target: str                                  # "module:Class"
+    ops: tuple[str, ...] = ALL_OPS               # Config.op values it implements
+    compressions: tuple[str, ...] = ALL_COMPRESSIONS
+    why_not: str = ""                            # said when an op or compression is refused
 
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    target: str                 # "module:Class"
     package: str                # the framework's importable top-level package
     install: str                # what to tell a user who lacks it
-    backends: tuple[str, ...]   # Config.backend values the adapter implements
-    ops: tuple[str, ...] = ("average", "sum", "adasum")   # Config.op values it implements
-    missing_ops_reason: str = ""
+    backends: dict[str, Implementation] = field(default_factory=dict)
+    variants: dict[str, str] = field(default_factory=dict)   # "backend/keras" -> target, when it differs
+
+    def implementation(self, backend: str) -> Implementation:
+        return self.backends[backend]
 
 
 _ADAPTERS: dict[str, AdapterSpec] = {
-    "torch": AdapterSpec("adapters.torch:TorchAdapter", "torch",
-                         "pip install torch==2.13.0 (or run `make setup`)", ("horovod",)),
-    "tensorflow": AdapterSpec("adapters.tensorflow:TensorflowAdapter", "tensorflow",
-                              "pip install tensorflow-cpu==2.21.0 (or run `make setup`)", ("horovod",)),
-    "mxnet": AdapterSpec("adapters.mxnet:MxnetAdapter", "mxnet",
-                         "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)", ("horovod",),
-                         ops=("average", "sum"),
-                         missing_ops_reason="Horovod's MXNet DistributedTrainer has no Adasum"),
+    "torch": AdapterSpec("torch", "pip install torch==2.13.0 (or run `make setup`)",
+                         {"horovod": Implementation("adapters.torch:TorchAdapter")}),
+    "tensorflow": AdapterSpec(
+        "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
+        {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter"),
+         "native": Implementation("adapters.tensorflow_native:NativeAdapter", ops=("average", "sum"),
+                                  compressions=("none",),
+                                  why_not="TensorFlow's collectives have neither Adasum nor fp16 "
+                                          "compression; use backend: horovod for them")},
+        variants={"horovod/tf_keras": "adapters.tf_keras:TfKerasAdapter"}),
+    "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
+                         {"horovod": Implementation("adapters.mxnet:MxnetAdapter", ops=("average", "sum"),
+                                                    why_not="Horovod's MXNet DistributedTrainer has no Adasum")}),
 }
 
 
@@ -48,10 +67,11 @@ def is_available(name: str) -> bool:
     return importlib.util.find_spec(spec(name).package) is not None
 
 
-def load(name: str):
-    """The adapter class for `name`; a clear error if the framework is missing."""
+def load(name: str, backend: str = "horovod", keras: str = "keras3"):
+    """The adapter class for framework `name` on `backend`; a clear error if the framework is missing."""
     s = spec(name)
     if not is_available(name):
         raise ToolkitError(f"framework={name!r} is not installed in this Python; {s.install}")
-    module_name, _, cls = s.target.partition(":")
+    target = s.variants.get(f"{backend}/{keras}") or s.implementation(backend).target
+    module_name, _, cls = target.partition(":")
     return getattr(importlib.import_module(module_name), cls)

@@ -52,6 +52,12 @@ def _restore(adapter, config: Config, rank: int) -> dict:
     return outcome["meta"]
 
 
+def _replica_digests(adapter, name: str) -> list[str]:
+    """Every replica's parameter digest, in replica order, on every rank."""
+    mine = [digest(p) for p in adapter.replica_parameters()]
+    return [d for per_rank in adapter.allgather_object(mine, name=name) for d in per_rank]
+
+
 def _evaluate(adapter, x, y) -> tuple[float, float]:
     """(mean test loss, accuracy) over every rank's share of the test set."""
     import numpy as np
@@ -64,46 +70,48 @@ def _evaluate(adapter, x, y) -> tuple[float, float]:
 def run(config: Config) -> dict:
     import numpy as np
 
-    adapter = registry.load(config.framework)()
+    adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
     topo = adapter.init(config)
     rank, size = topo.rank, topo.size
+    # Data parallelism counts replicas: one per rank under Horovod, several per process under
+    # TensorFlow's mirrored strategies. Replica r of the job gets shard r, as rank r would.
+    world, replicas = topo.world_size, range(rank * topo.replicas, (rank + 1) * topo.replicas)
     data = datasets.load(config)
     adapter.build(config, data.num_features, data.num_classes)
-    initial_digest = digest(adapter.parameters())
+    initial_digests = _replica_digests(adapter, "toolkit.initial_digest")
     adapter.wrap(config)
     meta = _restore(adapter, config, rank) if config.resume else {}
     adapter.broadcast()
-    initial_digests = adapter.allgather_object(initial_digest, name="toolkit.initial_digest")
 
     if rank == 0:
         for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
             Path(folder).mkdir(parents=True, exist_ok=True)
             (Path(folder) / "config.yaml").write_text(config.to_yaml())
     n_train = len(data.x_train)
-    spe = datasets.steps_per_epoch(n_train, size, config.batch_size, config.accumulation_steps)
+    spe = datasets.steps_per_epoch(n_train, world, config.batch_size, config.accumulation_steps)
     if spe < 1:
         raise ToolkitError(f"batch_size={config.batch_size} x accumulation_steps={config.accumulation_steps} "
-                           f"x {size} ranks is more than the {n_train} training samples; lower batch_size")
+                           f"x {world} replicas is more than the {n_train} training samples; lower batch_size")
     step = int(meta.get("step", 0))
     loss = meta.get("train_loss")
-    _log(rank, f"{config.framework}/{config.backend.value}: {size} rank(s) on {topo.device}, "
-               f"{spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * size}")
+    _log(rank, f"{config.framework}/{config.backend.value}: {size} rank(s) x {topo.replicas} replica(s) on "
+               f"{topo.device}, {spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * world}")
     samples, train_seconds = 0, 0.0
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
-    accuracy, lr = None, schedule.lr_at(config, size, step, spe)
+    accuracy, lr = None, schedule.lr_at(config, world, step, spe)
     b, k = config.batch_size, config.accumulation_steps
     for epoch in range(step // spe, config.epochs):
-        shard = datasets.epoch_shard(n_train, epoch, config.seed, rank, size)
+        shards = [datasets.epoch_shard(n_train, epoch, config.seed, r, world) for r in replicas]
         t0 = time.perf_counter()
         losses = []
         for s in range(step - epoch * spe, spe):
-            adapter.set_lr(lr := schedule.lr_at(config, size, step, spe))
-            micro = (shard[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k))
+            adapter.set_lr(lr := schedule.lr_at(config, world, step, spe))
+            micro = (np.concatenate([sh[(s * k + j) * b:(s * k + j + 1) * b] for sh in shards]) for j in range(k))
             batches = [(data.x_train[idx], data.y_train[idx]) for idx in micro]
             losses.append(adapter.train_step(batches))
             step += 1
         train_seconds += time.perf_counter() - t0
-        samples += len(losses) * b * k * size
+        samples += len(losses) * b * k * world
         loss = float(adapter.allreduce(np.array([np.mean(losses)], dtype=np.float64))[0])
         test_loss, accuracy = _evaluate(adapter, test_x, test_y)
         speed = samples / train_seconds if train_seconds else 0.0
@@ -119,13 +127,14 @@ def run(config: Config) -> dict:
 
     if accuracy is None:    # resumed at the end: nothing left to train, still measure
         _, accuracy = _evaluate(adapter, test_x, test_y)
-    final_digest = digest(adapter.parameters())
-    digests = adapter.allgather_object(final_digest, name="toolkit.final_digest")
+    digests = _replica_digests(adapter, "toolkit.final_digest")
     if len(set(digests)) != 1:
-        raise ToolkitError("replica check failed: ranks ended with different parameters "
-                           f"(digests by rank: {digests}); this is a bug, please report it", code=1)
+        raise ToolkitError("replica check failed: replicas ended with different parameters "
+                           f"(digests by replica: {digests}); this is a bug, please report it", code=1)
+    final_digest = digests[0]
     return {
-        "framework": config.framework, "backend": config.backend.value, "world_size": size,
+        "framework": config.framework, "backend": config.backend.value, "world_size": world,
+        "processes": size, "path": adapter.path,
         "steps": step, "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
         "param_digest": final_digest, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": samples / train_seconds if train_seconds else 0.0,
