@@ -108,7 +108,6 @@ class NativeAdapter(TensorflowAdapter):
                 self.optimizer = keras.optimizers.Adam(learning_rate=config.lr)
             self.optimizer.build(self.model.trainable_variables)
         self.weight_decay = config.weight_decay
-        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         # Replica r starts from the weights seed + r gives, as Horovod rank r does: different on
         # purpose, so the broadcast below is really exercised (and tested).
         first = self.rank * self.replicas
@@ -130,8 +129,10 @@ class NativeAdapter(TensorflowAdapter):
         def replica_step(x, y):
             grads, total = None, 0.0
             for j in range(k):                          # k micro-batches, one reduction
-                with tf.GradientTape() as tape:
-                    loss = self.loss_fn(y[j], self.model(x[j], training=True)) / k
+                with tf.GradientTape() as tape:   # the plain mean: Keras's Loss objects would
+                    # already divide by the replicas under a strategy (scale_loss_for_distribution)
+                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                        y[j], self.model(x[j], training=True), from_logits=True)) / k
                 g = tape.gradient(loss, [v.value for v in variables])
                 grads = g if grads is None else [a + b for a, b in zip(grads, g)]
                 total += loss

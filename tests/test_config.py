@@ -70,6 +70,19 @@ def test_roundtrip_through_yaml(tmp_path):
     ({"resume": "true"}, ["checkpoint_dir", "--checkpoint-dir"]),
     ({"backend": "native"}, ["backend='native'", "framework='torch'"]),
     ({"momentum": "1.5"}, ["momentum=1.5"]),
+    # TensorFlow paths
+    ({"framework": "tensorflow", "strategy": "mirrored"}, ["strategy='mirrored'", "--backend native"]),
+    ({"framework": "tensorflow", "backend": "native", "strategy": "parameter_server"},
+     ["strategy='parameter_server'", "mirrored, multi_worker_mirrored"]),
+    ({"framework": "tensorflow", "backend": "native", "compression": "fp16"},
+     ["compression='fp16'", "backend='native'", "backend: horovod", "compression: none"]),
+    ({"framework": "tensorflow", "backend": "native", "op": "adasum"}, ["op='adasum'", "average or sum"]),
+    ({"framework": "torch", "keras": "tf_keras"}, ["keras='tf_keras'", "tensorflow only"]),
+    ({"framework": "tensorflow", "backend": "native", "keras": "tf_keras"}, ["keras='tf_keras'", "backend: horovod"]),
+    ({"framework": "tensorflow", "num_devices": "2"}, ["num_devices", "strategy: mirrored", "-np"]),
+    ({"framework": "tensorflow", "backend": "native", "strategy": "multi_worker_mirrored", "num_devices": "2"},
+     ["num_devices", "-np"]),
+    ({"framework": "tensorflow", "backend": "native", "num_devices": "0"}, ["num_devices=0", "--num-devices"]),
 ])
 def test_bad_values_name_the_field(values, needles):
     with pytest.raises(ToolkitError) as e:
@@ -112,3 +125,12 @@ def test_unknown_environment_variable():
 def test_env_value_error_names_the_variable():
     with pytest.raises(ToolkitError, match="from TOOLKIT_LR"):
         config.resolve({}, environ={"TOOLKIT_LR": "fast"})
+
+
+def test_tf_use_legacy_keras_selects_tf_keras_for_horovod_only():
+    legacy = {"TF_USE_LEGACY_KERAS": "1"}
+    assert config.resolve({"framework": "tensorflow"}, environ=legacy).keras is config.Keras.TF_KERAS
+    assert config.resolve({"framework": "tensorflow", "keras": "keras3"}, environ=legacy).keras is config.Keras.KERAS3
+    assert config.resolve({"framework": "tensorflow", "backend": "native"}, environ=legacy).keras is config.Keras.KERAS3
+    assert config.resolve({"framework": "torch"}, environ=legacy).keras is config.Keras.KERAS3
+    assert config.resolve({"framework": "tensorflow"}, environ={}).keras is config.Keras.KERAS3

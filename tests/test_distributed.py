@@ -55,12 +55,14 @@ def max_diff(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi", "mpirun"])
 def test_two_ranks_start_different_and_end_identical(fw, launcher):
-    out = train_job(launcher, digits(fw) + ["--epochs", "15"])
+    # the full run to > 90% once (gloo); the other launchers train shorter (the suite's time)
+    epochs = 15 if launcher == "gloo" else 5
+    out = train_job(launcher, digits(fw) + ["--epochs", str(epochs)])
     assert out["world_size"] == 2 and out["framework"] == fw and out["backend"] == "horovod"
     first, second = out["initial_digests"]
     assert first != second, "ranks must start from different weights so the broadcast is really tested"
-    assert out["accuracy"] > 0.90, out
-    assert out["steps"] == 15 * ((1437 // 2) // 32)
+    assert out["accuracy"] > (0.90 if epochs == 15 else 0.80), out
+    assert out["steps"] == epochs * ((1437 // 2) // 32)
     for key in ("final_loss", "param_digest", "samples_per_sec"):
         assert key in out
 
@@ -108,9 +110,9 @@ def test_fp16_compression_close_to_none(fw, tmp_path):
 
 def test_resume_reaches_the_uninterrupted_parameters(fw, tmp_path):
     common = digits(fw) + ["--optimizer", "sgd", "--momentum", "0.9"]
-    straight = train_job("gloo", common + ["--epochs", "4", "--checkpoint-dir", tmp_path / "a"])
-    train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "b"])
-    resumed = train_job("gloo", common + ["--epochs", "4", "--resume", "--checkpoint-dir", tmp_path / "b"])
+    straight = train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
+    train_job("gloo", common + ["--epochs", "1", "--checkpoint-dir", tmp_path / "b"])
+    resumed = train_job("gloo", common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
     assert resumed["steps"] == straight["steps"]
     assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
     assert (tmp_path / "b" / "config.yaml").read_text().count("resume: true") == 1

@@ -1,5 +1,7 @@
 """Launcher argv and environment, without MPI (Horovod's test/single style)."""
+import json
 import os
+import shlex
 import sys
 
 import pytest
@@ -63,6 +65,7 @@ def test_parse_hosts():
     (dict(np=2, launcher="srun"), "--launcher 'srun'"),
     (dict(np=2, launcher="mpirun", controller="gloo"), "--gloo needs horovodrun"),
     (dict(np=2, start_timeout=0), "--start-timeout 0"),
+    (dict(np=2, launcher="tf_config", controller="gloo"), "TF_CONFIG: drop it"),
 ])
 def test_bad_launch_specs(kwargs, needle):
     with pytest.raises(ToolkitError) as e:
@@ -91,3 +94,42 @@ def test_cli_propagates_exit_code_and_times_out():
     proc = toolkit("launch", "-np", "1", "--launcher", "mpirun", "--timeout", "2", "--", "sleep", "30", timeout=60)
     assert proc.returncode == 124
     one_line_error(proc, "--timeout 2s")
+
+
+def test_tf_config_workers_on_this_host():
+    ports = iter([4001, 4002])
+    workers = launch.plan_workers(launch.LaunchSpec(command=CMD, np=2, launcher="tf_config"),
+                                  environ={"PATH": "/bin"}, port=lambda: next(ports))
+    configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+    assert all(c["cluster"] == {"worker": ["localhost:4001", "localhost:4002"]} for c in configs)
+    assert all(argv == list(CMD) for argv, _ in workers)
+
+
+def test_tf_config_workers_across_hosts_fill_slots_in_order():
+    spec = launch.LaunchSpec(command=CMD, np=3, hosts="a:2,b:2", launcher="tf_config")
+    workers = launch.plan_workers(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3"})
+    base = launch.TF_CONFIG_BASE_PORT
+    cluster = [f"a:{base}", f"a:{base + 1}", f"b:{base}"]
+    for index, (argv, env) in enumerate(workers):
+        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+        assert argv[:3] == ["ssh", "-o", "BatchMode=yes"] and argv[3] == cluster[index].split(":")[0]
+        remote = shlex.split(argv[4])        # the environment travels in the remote command line
+        assert "TOOLKIT_EPOCHS=3" in remote and remote[-len(CMD):] == list(CMD)
+        assert json.loads(next(a for a in remote if a.startswith("TF_CONFIG="))[10:])["task"]["index"] == index
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "native", "--launcher", "mpirun"], "drop --launcher mpirun"),
+    (["--framework", "torch", "--backend", "native"], "--backend native is not available for --framework torch"),
+    (["--backend", "native", "--gloo"], "drop it"),
+])
+def test_cli_native_launch_errors(args, needle):
+    one_line_error(toolkit("launch", "-np", "2", *args, "--", "true"), needle)
+
+
+def test_cli_native_dry_run_sets_framework_and_backend():
+    proc = toolkit("launch", "-np", "2", "--framework", "tensorflow", "--backend", "native", "--dry-run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all("TOOLKIT_BACKEND=native TOOLKIT_FRAMEWORK=tensorflow" in ln for ln in lines)
