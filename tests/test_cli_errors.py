@@ -36,10 +36,15 @@ def test_bad_environment_value():
     one_line_error(run(TRAIN, env=clean_env(TOOLKIT_BATCH_SIZE="lots"), timeout=60), "TOOLKIT_BATCH_SIZE")
 
 
-@pytest.mark.parametrize("framework, install", [("torch", "pip install torch=="), ("mxnet", "pip install mxnet==1.9.1")])
-def test_framework_not_installed(monkeypatch, capsys, framework, install):
+@pytest.mark.parametrize("framework, extra, install", [
+    ("torch", [], "pip install torch=="),
+    ("mxnet", [], "pip install mxnet==1.9.1"),
+    ("tensorflow", ["--keras", "tf_keras"], "pip install tensorflow-cpu==2.21.0"),
+    ("tensorflow", ["--backend", "native", "--strategy", "mirrored"], "pip install tensorflow-cpu==2.21.0"),
+])
+def test_framework_not_installed(monkeypatch, capsys, framework, extra, install):
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
-    assert main(["train", "--framework", framework, "--epochs", "1"]) == 2
+    assert main(["train", "--framework", framework, *extra, "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"framework={framework!r} is not installed" in err[0] and install in err[0]
 
