@@ -29,6 +29,13 @@ def build_model(config: Config, num_features: int, num_classes: int) -> keras.Mo
     return keras.Sequential(layers + [keras.layers.Dense(num_classes)])
 
 
+def make_optimizer(config: Config, keras_module=keras):
+    """The configured optimizer from `keras_module` (Keras 3, or tf_keras for the legacy path)."""
+    if config.optimizer is Optimizer.SGD:
+        return keras_module.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+    return keras_module.optimizers.Adam(learning_rate=config.lr)
+
+
 def _save_arrays(path: Path, arrays) -> None:
     with open(path, "wb") as f:      # a file object: np.savez would append .npz to a bare name
         np.savez(f, *arrays)
@@ -114,10 +121,7 @@ class TensorflowAdapter(Adapter):
     def build(self, config: Config, num_features: int, num_classes: int) -> None:
         keras.utils.set_random_seed(config.seed + self.hvd.rank())
         self.model = build_model(config, num_features, num_classes)
-        if config.optimizer is Optimizer.SGD:
-            self.optimizer = keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
-        else:
-            self.optimizer = keras.optimizers.Adam(learning_rate=config.lr)
+        self.optimizer = make_optimizer(config)
         self.optimizer.build(self.model.trainable_variables)   # state exists on every rank, for broadcast
         self.weight_decay = config.weight_decay
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

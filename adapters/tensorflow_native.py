@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from adapters.base import Topology, require_gpu_if_asked
-from adapters.tensorflow import TensorflowAdapter, build_model
-from toolkit.config import Config, Op, Optimizer, Strategy
+from adapters.tensorflow import TensorflowAdapter, build_model, make_optimizer
+from toolkit.config import Config, Op, Strategy
 from toolkit.errors import ToolkitError
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -102,10 +102,7 @@ class NativeAdapter(TensorflowAdapter):
     def build(self, config: Config, num_features: int, num_classes: int) -> None:
         with self.strategy.scope():
             self.model = build_model(config, num_features, num_classes)
-            if config.optimizer is Optimizer.SGD:
-                self.optimizer = keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
-            else:
-                self.optimizer = keras.optimizers.Adam(learning_rate=config.lr)
+            self.optimizer = make_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
         self.weight_decay = config.weight_decay
         # Replica r starts from the weights seed + r gives, as Horovod rank r does: different on

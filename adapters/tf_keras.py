@@ -19,8 +19,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from adapters.base import import_horovod  # noqa: E402
-from adapters.tensorflow import TensorflowAdapter  # noqa: E402
-from toolkit.config import Compression, Config, Model, Op, Optimizer  # noqa: E402
+from adapters.tensorflow import TensorflowAdapter, make_optimizer  # noqa: E402
+from toolkit.config import Compression, Config, Model, Op  # noqa: E402
 from toolkit.errors import ToolkitError  # noqa: E402
 
 
@@ -56,10 +56,7 @@ class TfKerasAdapter(TensorflowAdapter):
     def build(self, config: Config, num_features: int, num_classes: int) -> None:
         tf_keras.utils.set_random_seed(config.seed + self.hvd.rank())
         self.model = build_model(config, num_features, num_classes)
-        if config.optimizer is Optimizer.SGD:
-            self.optimizer = tf_keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
-        else:
-            self.optimizer = tf_keras.optimizers.Adam(learning_rate=config.lr)
+        self.optimizer = make_optimizer(config, tf_keras)
 
     def wrap(self, config: Config) -> None:
         hvd = self.hvd_keras
