@@ -1,0 +1,94 @@
+"""The toolkit's gradient compressors on known tensors (numpy only, no framework, no MPI)."""
+import numpy as np
+import pytest
+
+from toolkit import compression
+from toolkit.compression import BF16, GradientExchange, Int8, TopK, payload_bytes
+
+
+def data(n=10_000, seed=0):
+    return np.random.RandomState(seed).randn(n).astype(np.float32) * 3
+
+
+def test_bf16_round_trip_within_half_an_ulp():
+    x = data()
+    y = BF16().decompress(BF16().compress(x), len(x))
+    assert np.all(np.abs(y - x) <= np.abs(x) * 2.0 ** -8)     # 8 significant bits: rel. error <= 2^-8
+    assert BF16().compress(x)[0].dtype == np.uint16 and payload_bytes(BF16().compress(x)) == 2 * len(x)
+    assert np.array_equal(BF16().decompress(BF16().compress(y), len(y)), y), "bf16 values are fixed points"
+
+
+def test_int8_error_is_at_most_half_a_step_per_block():
+    x = data(1000)
+    q, scales = Int8().compress(x)
+    assert q.dtype == np.int8 and len(q) == 1000 and len(scales) == 4      # ceil(1000 / 256) blocks
+    y = Int8().decompress((q, scales), len(x))
+    step = np.repeat(scales, compression.INT8_BLOCK)[:1000]
+    assert np.all(np.abs(y - x) <= step / 2 + 1e-6)
+    assert np.allclose(np.abs(x).reshape(-1)[:256].max(), 127 * scales[0])
+    assert np.all(Int8().decompress(Int8().compress(np.zeros(10, np.float32)), 10) == 0)
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.001, 0.25, 1.0])
+def test_topk_keeps_exactly_the_k_largest_magnitudes(ratio):
+    x = data()
+    np.random.RandomState(1).shuffle(x)
+    topk = TopK(ratio)
+    y = topk.decompress(topk.compress(x), len(x))
+    k = topk.k(len(x))
+    kept = set(np.nonzero(y)[0])
+    assert len(kept) == k
+    assert kept == set(np.argsort(-np.abs(x))[:k])
+    assert np.all(np.abs(y[list(kept)] - x[list(kept)]) <= np.abs(x[list(kept)]) * 2.0 ** -8)  # bf16 values
+
+
+def test_topk_positions_bridge_long_gaps():
+    x = np.zeros(100_000, np.float32)
+    x[[0, 70_000, 99_999]] = [5, -6, 7]                 # gaps far over 255
+    topk = TopK(3 / 100_000)
+    y = topk.decompress(topk.compress(x), len(x))
+    assert np.array_equal(y, x)
+
+
+def test_topk_at_1_percent_sends_under_a_hundredth_of_the_dense_bytes():
+    x = data(100_000)
+    assert payload_bytes(TopK(0.01).compress(x)) <= x.nbytes / 100
+
+
+@pytest.mark.parametrize("compressor", [BF16(), Int8(), TopK(0.01)], ids=lambda c: c.name)
+def test_error_feedback_residual_plus_sent_is_the_input(compressor):
+    ex = GradientExchange(compressor, error_feedback=True)
+    grads = [data(300, seed=s).reshape(20, 15) for s in range(3)]
+    sent_total = np.zeros(300, np.float64)
+    for g in grads:
+        sent_total += ex.exchange([g], allgather=None, world_size=1)[0].reshape(-1)
+    # everything given so far = everything sent + what is still held back
+    assert np.allclose(sent_total + ex.residual, sum(g.reshape(-1) for g in grads).astype(np.float64), atol=1e-5)
+    assert np.abs(ex.residual).max() > 0
+
+
+def test_without_error_feedback_nothing_is_kept():
+    ex = GradientExchange(TopK(0.01), error_feedback=False)
+    ex.exchange([data(500)], allgather=None, world_size=1)
+    assert ex.residual is None and ex.state() == {}
+
+
+def test_exchange_averages_what_every_rank_sent():
+    """Two ranks simulated: each rank's payload is decompressed on every rank and averaged."""
+    grads = [data(1000, seed=1), data(1000, seed=2)]
+    topk = TopK(0.05)
+    payloads = [topk.compress(g) for g in grads]
+
+    def allgather_for(rank):
+        calls = iter(range(10))
+
+        def allgather(array):
+            i = next(calls)
+            if i == 0:                                     # lengths of each payload part
+                return np.concatenate([np.array([len(p) for p in payload], np.int64) for payload in payloads])
+            return np.concatenate([payload[i - 1] for payload in payloads])
+        return allgather
+
+    out = GradientExchange(topk, error_feedback=False).exchange([grads[0]], allgather_for(0), world_size=2)[0]
+    expected = (topk.decompress(payloads[0], 1000) + topk.decompress(payloads[1], 1000)) / 2
+    assert np.allclose(out, expected)
