@@ -75,6 +75,11 @@ class MxnetAdapter(Adapter):
 
     def broadcast(self) -> None:
         self.hvd.broadcast_parameters(self.params, root_rank=0)
+        # A sync point, as Horovod itself once had here (horovod PR #793): the in-place broadcasts
+        # run asynchronously on MXNet's engine; the trainer's own init broadcast (in save_states /
+        # the first step) must not overlap them. A rare SIGSEGV in EnqueueTensorBroadcast was seen
+        # in CI without it.
+        mx.nd.waitall()
         # Optimizer state (momentum, Adam moments): rank 0's, through the trainer's own format.
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, STATES_FILE)
