@@ -62,9 +62,18 @@ def launcher_local_size() -> int:
     return 1
 
 
-def threads_per_rank() -> int:
+def threads_per_rank(local_size: int | None = None) -> int:
     """This host's cores shared between its ranks (known before hvd.init, as MXNet and TF need)."""
-    return max(1, (os.cpu_count() or 1) // launcher_local_size())
+    return max(1, (os.cpu_count() or 1) // (local_size or launcher_local_size()))
+
+
+def start_horovod(config, module: str, framework: str):
+    """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every adapter's start."""
+    apply_horovod_tuning(config)
+    hvd = import_horovod(module, framework)
+    hvd.init()
+    check_op(hvd, config)
+    return hvd
 
 
 def check_op(hvd, config) -> None:

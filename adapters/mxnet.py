@@ -13,8 +13,7 @@ import tempfile
 from pathlib import Path
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
-from adapters.base import (Adapter, Topology, apply_horovod_tuning, import_horovod,
-                           require_gpu_if_asked, threads_per_rank)
+from adapters.base import Adapter, Topology, require_gpu_if_asked, start_horovod, threads_per_rank
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
@@ -44,9 +43,7 @@ class MxnetAdapter(Adapter):
     path = "horovod.mxnet DistributedTrainer"
 
     def init(self, config: Config) -> Topology:
-        apply_horovod_tuning(config)
-        self.hvd = hvd = import_horovod("horovod.mxnet", "mxnet")
-        hvd.init()
+        self.hvd = hvd = start_horovod(config, "horovod.mxnet", "mxnet")
         has_gpu = mx.context.num_gpus() > 0
         require_gpu_if_asked(has_gpu)
         self.ctx = mx.gpu(hvd.local_rank()) if has_gpu else mx.cpu()

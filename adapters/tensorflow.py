@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
-                           require_gpu_if_asked, threads_per_rank)
+from adapters.base import (Adapter, Topology, import_horovod, require_gpu_if_asked, start_horovod,
+                           threads_per_rank)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 WEIGHTS_FILE = "weights.npz"
@@ -27,6 +27,12 @@ def build_model(config: Config, num_features: int, num_classes: int) -> keras.Mo
     if config.model is Model.MLP:
         layers += [keras.layers.Dense(config.hidden_size, activation="relu") for _ in range(config.hidden_layers)]
     return keras.Sequential(layers + [keras.layers.Dense(num_classes)])
+
+
+def set_threads(threads: int) -> None:
+    """TensorFlow's op thread pools (before its runtime starts)."""
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 def make_optimizer(config: Config, keras_module=keras):
@@ -102,13 +108,8 @@ class TensorflowAdapter(Adapter):
     path = "Keras 3 step on horovod.tensorflow grouped_allreduce"
 
     def init(self, config: Config) -> Topology:
-        apply_horovod_tuning(config)
-        threads = threads_per_rank()
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-        self.hvd = hvd = import_horovod("horovod.tensorflow", "tensorflow")
-        hvd.init()
-        check_op(hvd, config)
+        set_threads(threads_per_rank())
+        self.hvd = hvd = start_horovod(config, "horovod.tensorflow", "tensorflow")
         gpus = tf.config.list_physical_devices("GPU")
         require_gpu_if_asked(bool(gpus))
         if gpus:   # one GPU per local rank, the Horovod pattern

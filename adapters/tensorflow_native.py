@@ -23,8 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from adapters.base import Topology, require_gpu_if_asked
-from adapters.tensorflow import TensorflowAdapter, build_model, make_optimizer
+from adapters.base import Topology, require_gpu_if_asked, threads_per_rank
+from adapters.tensorflow import TensorflowAdapter, build_model, make_optimizer, set_threads
 from toolkit.config import Config, Op, Strategy
 from toolkit.errors import ToolkitError
 
@@ -61,9 +61,7 @@ class NativeAdapter(TensorflowAdapter):
             rank, size, local_rank, local_size = tf_config_topology(os.environ["TF_CONFIG"])
         else:
             rank, size, local_rank, local_size = 0, 1, 0, 1
-        threads = max(1, (os.cpu_count() or 1) // local_size)
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        set_threads(threads_per_rank(local_size))
         gpus = tf.config.list_physical_devices("GPU")
         require_gpu_if_asked(bool(gpus))
         if kind is Strategy.MULTI_WORKER_MIRRORED:
@@ -78,7 +76,7 @@ class NativeAdapter(TensorflowAdapter):
             devices = self._mirrored_devices(gpus, config.num_devices)
             self.strategy = tf.distribute.MirroredStrategy(devices)
             device = ",".join(d.strip("/").lower() for d in devices)
-        self.kind, self.rank, self.size = kind, rank, size
+        self.rank, self.size = rank, size
         self.replicas = self.strategy.num_replicas_in_sync // size
         strategy_name = "MultiWorkerMirroredStrategy" if kind is Strategy.MULTI_WORKER_MIRRORED else "MirroredStrategy"
         self.path = f"tf.distribute.{strategy_name}, Keras 3 custom loop"

@@ -7,8 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.base import (Adapter, Topology, apply_horovod_tuning, check_op, import_horovod,
-                           require_gpu_if_asked, threads_per_rank)
+from adapters.base import Adapter, Topology, require_gpu_if_asked, start_horovod, threads_per_rank
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 STATE_FILE = "state.pt"
@@ -29,10 +28,7 @@ class TorchAdapter(Adapter):
     path = "horovod.torch DistributedOptimizer"
 
     def init(self, config: Config) -> Topology:
-        apply_horovod_tuning(config)
-        self.hvd = hvd = import_horovod("horovod.torch", "torch")
-        hvd.init()
-        check_op(hvd, config)
+        self.hvd = hvd = start_horovod(config, "horovod.torch", "torch")
         torch.set_num_threads(threads_per_rank())
         has_gpu = torch.cuda.is_available()
         require_gpu_if_asked(has_gpu)

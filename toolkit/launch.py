@@ -184,11 +184,15 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
-                           "raise --timeout if it needs longer", code=124) from None
+        raise _timed_out(timeout) from None
     except KeyboardInterrupt:
         _kill_group(proc)
         return 130
+
+
+def _timed_out(timeout: float) -> ToolkitError:
+    return ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
+                        "raise --timeout if it needs longer", code=124)
 
 
 def _run_workers(workers, timeout: Optional[float]) -> int:
@@ -202,8 +206,7 @@ def _run_workers(workers, timeout: Optional[float]) -> int:
             if failed or all(c == 0 for c in codes):
                 return failed[0] if failed else 0
             if deadline is not None and time.monotonic() > deadline:
-                raise ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
-                                   "raise --timeout if it needs longer", code=124)
+                raise _timed_out(timeout)
             time.sleep(0.2)
     except KeyboardInterrupt:
         return 130
