@@ -144,6 +144,29 @@ class Adapter(abc.ABC):
         """`parameters()` of each replica this process drives (one, except under native strategies)."""
         return [self.parameters()]
 
+    # -- the toolkit's exchange (toolkit/communication.py): compression bf16/int8/topk, local SGD --
+    # Implemented by the adapters whose registry entry lists those (toolkit/registry.py); `wrap`
+    # then leaves the optimizer local (no Horovod distributed optimizer).
+    def local_gradients(self, batches: Sequence[tuple[Any, Any]]) -> tuple[float, list]:
+        """This rank's gradients over the micro-batches (their mean), as numpy arrays in a fixed
+        order, and the local mean loss. No communication."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def apply_gradients(self, grads: list) -> None:
+        """One optimizer step with these numpy gradients (order as `local_gradients`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def get_state(self) -> list:
+        """What local SGD averages: the trainable parameters and the optimizer's slots, as numpy arrays."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def set_state(self, arrays: list) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def allgather(self, array):
+        """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
     # -- tensor operations for toolkit algorithms -------------------------------------------------
     @abc.abstractmethod
     def allreduce(self, array, average: bool = True):

@@ -4,7 +4,9 @@ MXNet 1.9.1 is the last release (the project is retired upstream). Horovod's MXN
 `backward_passes_per_step` and no `op`: the toolkit supplies both here. Accumulation sums
 `accumulation_steps` micro-batches into the gradients (`grad_req='add'`), then allreduces and
 steps once; `op: sum` is the average times the world size, passed through `Trainer.step`'s batch
-size. Adasum is refused at config time (see toolkit/registry.py).
+size. Adasum is refused at config time (see toolkit/registry.py). With the toolkit's exchange
+(compression bf16/int8/topk, local SGD) the trainer is a plain local `gluon.Trainer` and
+toolkit/communication.py moves the gradients through `local_gradients` / `apply_gradients`.
 """
 from __future__ import annotations
 
@@ -64,8 +66,11 @@ class MxnetAdapter(Adapter):
             name, opts = "sgd", {"learning_rate": config.lr, "momentum": config.momentum, "wd": config.weight_decay}
         else:
             name, opts = "adam", {"learning_rate": config.lr, "wd": config.weight_decay}
-        compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
-        self.trainer = hvd.DistributedTrainer(self.params, name, opts, compression=compression)
+        if config.toolkit_exchange:
+            self.trainer = gluon.Trainer(self.params, name, opts, kvstore=None, update_on_kvstore=False)
+        else:
+            compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
+            self.trainer = hvd.DistributedTrainer(self.params, name, opts, compression=compression)
         # Trainer.step(n) scales gradients by 1/n and Horovod averages over ranks; for `sum`
         # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
         self.step_divisor = 1.0 / hvd.size() if config.op is Op.SUM else 1.0
@@ -91,18 +96,50 @@ class MxnetAdapter(Adapter):
     def set_lr(self, lr: float) -> None:
         self.trainer.set_learning_rate(lr)
 
-    def train_step(self, batches) -> float:
+    def _backward(self, batches) -> tuple[float, int]:
+        """Sum-over-samples gradients of every micro-batch added into .grad; (mean loss, samples)."""
         total, samples = 0.0, 0
         for x, y in batches:
             xt, yt = mx.nd.array(x, ctx=self.ctx), mx.nd.array(y, ctx=self.ctx)
             with autograd.record():
                 loss = self.loss_fn(self.net(xt), yt)
-            loss.backward()                       # adds sum-over-samples gradients
+            loss.backward()
             total += float(loss.mean().asscalar())
             samples += len(y)
+        return total / len(batches), samples
+
+    def train_step(self, batches) -> float:
+        loss, samples = self._backward(batches)
         self.trainer.step(samples * self.step_divisor)   # mean over all micro-batches, allreduced
         self.params.zero_grad()
-        return total / len(batches)
+        return loss
+
+    def local_gradients(self, batches):
+        loss, samples = self._backward(batches)
+        grads = [p.grad(self.ctx).asnumpy() / samples for p in self.params.values()]
+        self.params.zero_grad()
+        return loss, grads
+
+    def apply_gradients(self, grads) -> None:
+        for p, g in zip(self.params.values(), grads):
+            p.grad(self.ctx)[:] = mx.nd.array(g, ctx=self.ctx, dtype=g.dtype)
+        self.trainer.step(1)
+        self.params.zero_grad()
+
+    def _state_arrays(self) -> list:
+        arrays = [p.data(self.ctx) for p in self.params.values()]
+        states = self.trainer._updaters[0].states     # optimizer slots by parameter index, made at the first step
+        for index in sorted(states):
+            state = states[index]
+            arrays += [a for a in (state if isinstance(state, (tuple, list)) else [state]) if a is not None]
+        return arrays
+
+    def get_state(self) -> list:
+        return [a.asnumpy() for a in self._state_arrays()]
+
+    def set_state(self, arrays) -> None:
+        for target, a in zip(self._state_arrays(), arrays, strict=True):
+            target[:] = mx.nd.array(a, ctx=self.ctx, dtype=a.dtype)
 
     def evaluate(self, x, y) -> tuple[float, int, int]:
         if len(x) == 0:
@@ -128,6 +165,10 @@ class MxnetAdapter(Adapter):
         array = np.ascontiguousarray(array)
         out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average)
         return out.asnumpy()
+
+    def allgather(self, array):
+        array = np.ascontiguousarray(array)
+        return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype)).asnumpy()
 
     def broadcast_object(self, obj, name: str, root: int = 0):
         out = super().broadcast_object(obj, name, root)

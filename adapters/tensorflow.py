@@ -4,7 +4,9 @@
 Keras 3 integration on top of `horovod.tensorflow`: a custom training step that computes the
 local gradients of `accumulation_steps` micro-batches, allreduces them once
 (`hvd.grouped_allreduce` with the configured compression and op), adds coupled L2 weight decay
-(the same meaning as torch's and MXNet's `weight_decay`) and applies them.
+(the same meaning as torch's and MXNet's `weight_decay`) and applies them. With the toolkit's
+exchange (compression bf16/int8/topk, local SGD) the allreduce is left out and
+toolkit/communication.py moves the gradients through `local_gradients` / `apply_gradients`.
 """
 from __future__ import annotations
 
@@ -133,6 +135,7 @@ class TensorflowAdapter(Adapter):
         op = {Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: hvd.Adasum}[config.op]
         variables = self.model.trainable_variables
         weight_decay = self.weight_decay
+        reduce = hvd.size() > 1 and not config.toolkit_exchange
 
         @tf.function
         def local_gradients(x, y, scale):
@@ -142,7 +145,7 @@ class TensorflowAdapter(Adapter):
 
         @tf.function
         def apply(grads):
-            if hvd.size() > 1:
+            if reduce:
                 grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
             if weight_decay:
                 grads = [g + weight_decay * v.value for g, v in zip(grads, variables)]
@@ -158,15 +161,38 @@ class TensorflowAdapter(Adapter):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate = lr
 
-    def train_step(self, batches) -> float:
+    def _summed_gradients(self, batches):
         scale = tf.constant(1.0 / len(batches))
         total, summed = 0.0, None
         for x, y in batches:
             loss, grads = self._local_gradients(tf.constant(x), tf.constant(y), scale)
             summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
             total += float(loss)
-        self._apply(summed)
-        return total
+        return total, summed
+
+    def train_step(self, batches) -> float:
+        loss, grads = self._summed_gradients(batches)
+        self._apply(grads)
+        return loss
+
+    def local_gradients(self, batches):
+        loss, grads = self._summed_gradients(batches)
+        return loss, [g.numpy() for g in grads]
+
+    def apply_gradients(self, grads) -> None:
+        self._apply([tf.constant(g) for g in grads])
+
+    def _state_variables(self) -> list:
+        slots = [v for v in self.optimizer.variables
+                 if v.dtype.startswith("float") and not v.path.endswith(("/iteration", "/learning_rate"))]
+        return list(self.model.trainable_variables) + slots
+
+    def get_state(self) -> list:
+        return [v.numpy() for v in self._state_variables()]
+
+    def set_state(self, arrays) -> None:
+        for v, a in zip(self._state_variables(), arrays, strict=True):
+            v.assign(a)
 
     def evaluate(self, x, y) -> tuple[float, int, int]:
         if len(x) == 0:
@@ -196,3 +222,6 @@ class TensorflowAdapter(Adapter):
         out = self.hvd.allreduce(tf.constant(np.ascontiguousarray(array)),
                                  op=self.hvd.Average if average else self.hvd.Sum)
         return out.numpy()
+
+    def allgather(self, array):
+        return self.hvd.allgather(tf.constant(np.ascontiguousarray(array))).numpy()

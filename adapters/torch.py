@@ -1,4 +1,8 @@
-"""PyTorch through Horovod: `hvd.DistributedOptimizer` with compression, accumulation and op."""
+"""PyTorch through Horovod: `hvd.DistributedOptimizer` with compression, accumulation and op.
+
+With the toolkit's exchange (compression bf16/int8/topk, local SGD) the optimizer stays local and
+toolkit/communication.py moves the gradients through `local_gradients` / `apply_gradients`.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,7 +55,8 @@ class TorchAdapter(Adapter):
 
     def wrap(self, config: Config) -> None:
         hvd = self.hvd
-        self.accumulation_steps = config.accumulation_steps
+        if config.toolkit_exchange:
+            return
         self.optimizer = hvd.DistributedOptimizer(
             self.optimizer, named_parameters=self.model.named_parameters(),
             compression=hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none,
@@ -72,7 +77,8 @@ class TorchAdapter(Adapter):
         return (torch.from_numpy(x).to(self.device, non_blocking=True),
                 torch.from_numpy(y).to(self.device, non_blocking=True))
 
-    def train_step(self, batches) -> float:
+    def _backward(self, batches) -> float:
+        """Gradients of the mean loss over the micro-batches, in .grad."""
         self.model.train()
         self.optimizer.zero_grad()
         total = torch.zeros((), device=self.device)
@@ -81,8 +87,33 @@ class TorchAdapter(Adapter):
             loss = F.cross_entropy(self.model(xt), yt) / len(batches)
             loss.backward()
             total += loss.detach()
-        self.optimizer.step()
         return float(total)
+
+    def train_step(self, batches) -> float:
+        loss = self._backward(batches)
+        self.optimizer.step()
+        return loss
+
+    def local_gradients(self, batches):
+        loss = self._backward(batches)
+        return loss, [p.grad.detach().cpu().numpy() for p in self.model.parameters()]
+
+    def apply_gradients(self, grads) -> None:
+        for p, g in zip(self.model.parameters(), grads):
+            p.grad.copy_(torch.from_numpy(g))
+        self.optimizer.step()
+
+    def _state_tensors(self) -> list:
+        slots = [self.optimizer.state[p] for p in self.model.parameters()]
+        return list(self.model.parameters()) + [s[k] for s in slots for k in sorted(s) if torch.is_tensor(s[k])]
+
+    def get_state(self) -> list:
+        return [t.detach().cpu().numpy() for t in self._state_tensors()]
+
+    @torch.no_grad()
+    def set_state(self, arrays) -> None:
+        for t, a in zip(self._state_tensors(), arrays, strict=True):
+            t.copy_(torch.from_numpy(a))
 
     @torch.no_grad()
     def evaluate(self, x, y) -> tuple[float, int, int]:
@@ -110,3 +141,6 @@ class TorchAdapter(Adapter):
         out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
                                  op=self.hvd.Average if average else self.hvd.Sum)
         return out.numpy()
+
+    def allgather(self, array):
+        return self.hvd.allgather(torch.from_numpy(np.ascontiguousarray(array))).numpy()

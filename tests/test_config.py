@@ -47,8 +47,10 @@ def test_yaml_types_and_scientific_notation(tmp_path):
     assert c.lr == 0.001 and c.resume is False and c.checkpoint_dir is None
 
 
-def test_roundtrip_through_yaml(tmp_path):
-    c = config.resolve({"lr": "0.3", "compression": "fp16", "checkpoint_dir": "x"}, environ={})
+@pytest.mark.parametrize("values", [{"lr": "0.3", "compression": "fp16", "checkpoint_dir": "x"},
+                                    {"compression": "topk", "sync": "local_sgd", "sync_warmup_steps": "5"}])
+def test_roundtrip_through_yaml(tmp_path, values):
+    c = config.resolve(values, environ={})
     again = config.resolve({"config": write(tmp_path, c.to_yaml())}, environ={})
     assert again == c
 
@@ -65,7 +67,7 @@ def test_roundtrip_through_yaml(tmp_path):
     ({"framework": "jax"}, ["framework='jax'", "not found. Available: torch, tensorflow, mxnet"]),
     ({"framework": "mxnet", "op": "adasum"}, ["op='adasum'", "framework='mxnet'", "no Adasum", "average or sum"]),
     ({"optimizer": "rmsprop"}, ["optimizer='rmsprop'", "sgd, adam"]),
-    ({"compression": "zip"}, ["compression='zip'", "none, fp16"]),
+    ({"compression": "zip"}, ["compression='zip'", "none, fp16, bf16, int8, topk"]),
     ({"resume": "maybe"}, ["resume='maybe'", "true or false"]),
     ({"resume": "true"}, ["checkpoint_dir", "--checkpoint-dir"]),
     ({"backend": "native"}, ["backend='native'", "framework='torch'"]),
@@ -83,6 +85,26 @@ def test_roundtrip_through_yaml(tmp_path):
     ({"framework": "tensorflow", "backend": "native", "strategy": "multi_worker_mirrored", "num_devices": "2"},
      ["num_devices", "-np"]),
     ({"framework": "tensorflow", "backend": "native", "num_devices": "0"}, ["num_devices=0", "--num-devices"]),
+    # communication (issue 5)
+    ({"compression": "topk", "topk_ratio": "0"}, ["topk_ratio=0.0", "(0, 1]", "--topk-ratio 0.01"]),
+    ({"compression": "topk", "topk_ratio": "1.5"}, ["topk_ratio=1.5", "(0, 1]"]),
+    ({"compression": "topk", "topk_ratio": "-0.1"}, ["topk_ratio=-0.1"]),
+    ({"topk_ratio": "0.01"}, ["topk_ratio applies to compression: topk", "--compression topk"]),
+    ({"compression": "fp16", "error_feedback": "true"}, ["error_feedback", "bf16, int8 or topk", "'fp16'"]),
+    ({"error_feedback": "true"}, ["error_feedback", "compression='none'"]),
+    ({"sync": "local_sgd", "local_steps": "0"}, ["local_steps=0", "positive integer", "--local-steps"]),
+    ({"sync": "sometimes"}, ["sync='sometimes'", "every_step, local_sgd"]),
+    ({"local_steps": "4"}, ["local_steps applies to sync: local_sgd", "--sync local_sgd"]),
+    ({"sync_warmup_steps": "10"}, ["sync_warmup_steps applies to sync: local_sgd"]),
+    ({"sync": "local_sgd", "sync_warmup_steps": "-1"}, ["sync_warmup_steps=-1", ">= 0"]),
+    ({"sync": "local_sgd", "compression": "fp16"}, ["compression=fp16", "local_sgd", "bf16, int8, topk or none"]),
+    ({"sync": "local_sgd", "op": "sum"}, ["op='sum'", "op: average"]),
+    ({"op": "adasum", "compression": "int8"}, ["op=adasum", "compression='int8'", "op: average"]),
+    ({"framework": "tensorflow", "backend": "native", "compression": "topk"},
+     ["compression='topk'", "backend='native'", "compression: none"]),
+    ({"framework": "tensorflow", "backend": "native", "sync": "local_sgd"}, ["sync='local_sgd'", "every_step"]),
+    ({"framework": "tensorflow", "keras": "tf_keras", "compression": "int8"},
+     ["compression='int8'", "keras='tf_keras'", "keras: keras3", "none or fp16"]),
 ])
 def test_bad_values_name_the_field(values, needles):
     with pytest.raises(ToolkitError) as e:
@@ -108,6 +130,17 @@ def test_bad_yaml(tmp_path, text, needles):
     for needle in needles:
         assert needle in str(e.value)
     assert path in str(e.value)
+
+
+def test_communication_defaults_follow_the_method():
+    topk = config.resolve({"compression": "topk"}, environ={})
+    assert topk.topk_ratio == 0.01 and topk.error_feedback is True and topk.toolkit_exchange
+    assert config.resolve({"compression": "int8", "error_feedback": "false"}, environ={}).error_feedback is False
+    plain = config.resolve({"compression": "fp16"}, environ={})
+    assert plain.topk_ratio is None and plain.error_feedback is None and not plain.toolkit_exchange
+    local = config.resolve({"sync": "local_sgd"}, environ={})
+    assert local.local_steps == 4 and local.toolkit_exchange and local.compression.value == "none"
+    assert config.resolve({"sync": "local_sgd", "local_steps": "1"}, environ={}).local_steps == 1
 
 
 def test_missing_file(tmp_path):

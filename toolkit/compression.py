@@ -3,8 +3,8 @@
 What crosses the wire is the compressed payload itself: bf16 sends 2 bytes a value, int8 sends
 1 byte a value plus one float32 scale per block, top-k sends k uint8 position gaps and k bfloat16 values (see TopK).
 Payloads differ per rank (int8 scales, top-k positions), so they are exchanged with an allgather
-(the adapter's `allgather`, rows concatenated) and every rank decompresses all of them and averages:
-the same result on every rank, bit for bit.
+(the adapter's `allgather` of raw bytes, rows concatenated) and every rank decompresses all of them
+and averages: the same result on every rank, bit for bit.
 
 Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019): each rank keeps,
 per parameter, what compression dropped and adds it to the next step's gradient, so nothing is lost,
@@ -126,56 +126,60 @@ def payload_bytes(payload) -> int:
 
 @dataclass
 class GradientExchange:
-    """Compress each rank's gradients, exchange the payloads, return the average on every rank.
+    """Compress each rank's gradients, exchange the payloads, return the mean (or sum) on every rank.
 
-    `allgather(array) -> array` concatenates the ranks' arrays along axis 0 (Horovod's allgather).
-    The gradients of one step travel as one flat buffer (one collective per payload part).
+    `comm` is the adapter (adapters/base.py): `allgather(uint8 array)` concatenates the ranks'
+    arrays along axis 0, `allreduce(array, average)` reduces them. One step's gradients travel as
+    one flat buffer: a compressed payload is sent as its raw bytes, every part back to back (one
+    allgather), after a small header of part lengths (one more), since lengths differ by rank.
+    Uncompressed gradients (local SGD's warm-up) take one float32 allreduce.
     """
     compressor: Compressor
     error_feedback: bool
+    average: bool = True                       # False: op sum (the sum of the ranks' mean gradients)
     residual: object = None                    # flat float32, this rank's, when error_feedback
     last_bytes: int = 0                        # what this rank sent in the last step
-    dense_bytes: int = 0                       # what float32 would have been
 
-    def exchange(self, grads: Sequence, allgather: Callable, world_size: int) -> list:
+    def exchange(self, grads: Sequence, comm, world_size: int) -> list:
         import numpy as np
         shapes = [g.shape for g in grads]
         flat = np.concatenate([np.asarray(g, np.float32).reshape(-1) for g in grads])
         n = len(flat)
-        if self.error_feedback:
-            if self.residual is None:
-                self.residual = np.zeros(n, np.float32)
-            flat = flat + self.residual
-        payload = self.compressor.compress(flat)
-        if self.error_feedback:
-            self.residual = flat - self.compressor.decompress(payload, n)
-        self.last_bytes, self.dense_bytes = payload_bytes(payload), flat.nbytes
-        total = self._gather_and_sum(payload, n, allgather, world_size)
-        mean = total / world_size
-        out, start = [], 0
+        if self.compressor.name == "none":
+            self.last_bytes = flat.nbytes
+            out = comm.allreduce(flat, average=self.average) if world_size > 1 else flat
+        else:
+            if self.error_feedback:
+                if self.residual is None:
+                    self.residual = np.zeros(n, np.float32)
+                flat = flat + self.residual
+            payload = self.compressor.compress(flat)
+            if self.error_feedback:
+                self.residual = flat - self.compressor.decompress(payload, n)
+            total = self._gather_and_sum(payload, n, comm, world_size)
+            out = (total / world_size if self.average else total).astype(np.float32)
+        split, start = [], 0
         for shape in shapes:
             size = int(np.prod(shape)) if shape else 1
-            out.append(mean[start:start + size].reshape(shape))
+            split.append(out[start:start + size].reshape(shape))
             start += size
-        return out
+        return split
 
-    def _gather_and_sum(self, payload, n: int, allgather: Callable, world_size: int):
+    def _gather_and_sum(self, payload, n: int, comm, world_size: int):
         import numpy as np
+        dtypes = [part.dtype for part in payload]
+        header = np.array([len(part) for part in payload], np.int32).view(np.uint8)
+        blob = np.concatenate([np.ascontiguousarray(part).view(np.uint8).reshape(-1) for part in payload])
+        self.last_bytes = header.nbytes + blob.nbytes
         if world_size == 1:
             return self.compressor.decompress(payload, n).astype(np.float64)
-        # payload sizes can differ by rank (top-k fillers): their lengths travel first
-        lengths = allgather(np.array([len(part) for part in payload], np.int64)).reshape(world_size, -1)
-        self.last_bytes += lengths[0].nbytes
-        gathered = [allgather(part) for part in payload]       # each: the ranks' rows, concatenated
-        bounds = np.cumsum(lengths, axis=0)                    # [rank, part] end offsets
-        total = np.zeros(n, np.float64)
+        lengths = np.frombuffer(comm.allgather(header).tobytes(), np.int32).reshape(world_size, len(payload))
+        blobs = comm.allgather(blob).tobytes()
+        total, offset = np.zeros(n, np.float64), 0
         for r in range(world_size):
-            rows = tuple(part[bounds[r, j] - lengths[r, j]:bounds[r, j]] for j, part in enumerate(gathered))
-            total += self.compressor.decompress(rows, n)
+            parts = []
+            for j, dtype in enumerate(dtypes):
+                parts.append(np.frombuffer(blobs, dtype, count=int(lengths[r, j]), offset=offset))
+                offset += int(lengths[r, j]) * dtype.itemsize
+            total += self.compressor.decompress(tuple(parts), n)
         return total
-
-    def state(self) -> dict:
-        return {} if self.residual is None else {"residual": self.residual}
-
-    def load_state(self, state: dict) -> None:
-        self.residual = state.get("residual")

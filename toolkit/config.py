@@ -54,7 +54,18 @@ class LrScaling(str, enum.Enum):
 
 class Compression(str, enum.Enum):
     NONE = "none"
-    FP16 = "fp16"
+    FP16 = "fp16"           # Horovod's own, inside its allreduce
+    BF16 = "bf16"           # the rest are the toolkit's (toolkit/compression.py)
+    INT8 = "int8"
+    TOPK = "topk"
+
+
+TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK)
+
+
+class Sync(str, enum.Enum):
+    EVERY_STEP = "every_step"   # gradients exchanged every optimizer step
+    LOCAL_SGD = "local_sgd"     # local_steps local steps, then the models are averaged
 
 
 class Keras(str, enum.Enum):
@@ -98,7 +109,15 @@ class Config:
     weight_decay: float = _f(0.0, "L2 weight decay")
     lr_scaling: LrScaling = _f(LrScaling.NONE, "scale lr by world size")
     warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs")
-    compression: Compression = _f(Compression.NONE, "gradient compression on the wire")
+    compression: Compression = _f(Compression.NONE, "gradient compression on the wire: fp16 is Horovod's; "
+                                                    "bf16, int8 and topk are the toolkit's")
+    topk_ratio: Optional[float] = _f(None, "compression topk: fraction of gradient values sent, in (0, 1]; "
+                                           "unset = 0.01")
+    error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk: add what was not sent to the next "
+                                              "step's gradient; unset = true")
+    sync: Sync = _f(Sync.EVERY_STEP, "every_step, or local_sgd (local_steps local steps, then average the models)")
+    local_steps: Optional[int] = _f(None, "sync local_sgd: optimizer steps between model averages (H); unset = 4")
+    sync_warmup_steps: int = _f(0, "sync local_sgd: first steps fully synchronous (post-local SGD)")
     accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
     op: Op = _f(Op.AVERAGE, "gradient reduction")
     seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r")
@@ -126,10 +145,56 @@ class Config:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 _bad(name, value, "must be > 0, or unset for Horovod's default", example="64")
+        self._check_communication()
         if self.resume and not self.checkpoint_dir:
             raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
                                "(the folder an earlier run wrote checkpoints to)")
         self._check_capabilities()
+
+    def _check_communication(self) -> None:
+        """The communication keys, alone and together; their defaults are filled in here."""
+        toolkit_compression = self.compression in TOOLKIT_COMPRESSIONS
+        if self.topk_ratio is not None:
+            if self.compression is not Compression.TOPK:
+                raise ToolkitError(f"topk_ratio applies to compression: topk (got compression="
+                                   f"{self.compression.value!r}); add --compression topk or drop topk_ratio")
+            if not 0 < self.topk_ratio <= 1:
+                _bad("topk_ratio", self.topk_ratio, "must be in (0, 1] (the fraction of values sent)",
+                     example="0.01")
+        if self.error_feedback and not toolkit_compression:
+            raise ToolkitError(f"error_feedback applies to compression bf16, int8 or topk (got compression="
+                               f"{self.compression.value!r}, which loses nothing to feed back); drop it")
+        if self.sync is Sync.LOCAL_SGD:
+            if self.local_steps is not None and self.local_steps < 1:
+                _bad("local_steps", self.local_steps, "must be a positive integer (steps between averages)",
+                     example="4")
+            if self.compression is Compression.FP16:
+                raise ToolkitError("compression=fp16 is Horovod's allreduce option and local_sgd does not "
+                                   "use it; with sync: local_sgd use compression bf16, int8, topk or none")
+            if self.op is not Op.AVERAGE:
+                raise ToolkitError(f"op={self.op.value!r} with sync: local_sgd: local SGD averages the "
+                                   "models; use op: average")
+        else:
+            for name in ("local_steps", "sync_warmup_steps"):
+                if getattr(self, name):
+                    raise ToolkitError(f"{name} applies to sync: local_sgd; add --sync local_sgd or drop {name}")
+        if self.sync_warmup_steps < 0:
+            _bad("sync_warmup_steps", self.sync_warmup_steps, "must be >= 0", example="0")
+        if self.op is Op.ADASUM and toolkit_compression:
+            raise ToolkitError(f"op=adasum is Horovod's allreduce and compression={self.compression.value!r} "
+                               "is the toolkit's exchange; use op: average (or compression none/fp16)")
+        # defaults that depend on other keys
+        if self.compression is Compression.TOPK and self.topk_ratio is None:
+            object.__setattr__(self, "topk_ratio", 0.01)
+        if toolkit_compression and self.error_feedback is None:
+            object.__setattr__(self, "error_feedback", True)
+        if self.sync is Sync.LOCAL_SGD and self.local_steps is None:
+            object.__setattr__(self, "local_steps", 4)
+
+    @property
+    def toolkit_exchange(self) -> bool:
+        """Whether the toolkit moves the gradients (toolkit/communication.py) instead of Horovod's optimizer."""
+        return self.compression in TOOLKIT_COMPRESSIONS or self.sync is Sync.LOCAL_SGD
 
     def _check_capabilities(self) -> None:
         """What the chosen framework and backend implement (toolkit/registry.py), with the alternative."""
@@ -138,12 +203,13 @@ class Config:
         if backend not in spec.backends:
             raise ToolkitError(f"backend={backend!r} is not available for framework={self.framework!r}; "
                                f"use one of: {', '.join(spec.backends)}")
-        impl = spec.implementation(backend)
-        for name, allowed in (("op", impl.ops), ("compression", impl.compressions)):
+        impl = spec.implementation(backend, self.keras.value)
+        for name, allowed in (("op", impl.ops), ("compression", impl.compressions), ("sync", impl.syncs)):
             value = getattr(self, name).value
             if value not in allowed:
+                keras = f" keras={self.keras.value!r}" if self.keras is not Keras.KERAS3 else ""
                 raise ToolkitError(f"{name}={value!r} is not available for framework={self.framework!r} with "
-                                   f"backend={backend!r} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
+                                   f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
         if self.keras is not Keras.KERAS3 and self.framework != "tensorflow":
             raise ToolkitError(f"keras={self.keras.value!r} applies to framework: tensorflow only; drop it")
         if self.keras is Keras.TF_KERAS and self.backend is Backend.NATIVE:

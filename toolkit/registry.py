@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from toolkit.errors import ToolkitError
 
 ALL_OPS = ("average", "sum", "adasum")
-ALL_COMPRESSIONS = ("none", "fp16")
+HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, inside its allreduce
+TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the adapter's
+ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
+ALL_SYNCS = ("every_step", "local_sgd")
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,8 @@ class Implementation:
     target: str                                  # "module:Class"
     ops: tuple[str, ...] = ALL_OPS               # Config.op values it implements
     compressions: tuple[str, ...] = ALL_COMPRESSIONS
-    why_not: str = ""                            # said when an op or compression is refused
+    syncs: tuple[str, ...] = ALL_SYNCS
+    why_not: str = ""                            # said when an op, compression or sync is refused
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,10 @@ class AdapterSpec:
     package: str                # the framework's importable top-level package
     install: str                # what to tell a user who lacks it
     backends: dict[str, Implementation] = field(default_factory=dict)
-    variants: dict[str, str] = field(default_factory=dict)   # "backend/keras" -> target, when it differs
+    variants: dict[str, Implementation] = field(default_factory=dict)   # "backend/keras", when it differs
 
-    def implementation(self, backend: str) -> Implementation:
-        return self.backends[backend]
+    def implementation(self, backend: str, keras: str = "keras3") -> Implementation:
+        return self.variants.get(f"{backend}/{keras}") or self.backends[backend]
 
 
 _ADAPTERS: dict[str, AdapterSpec] = {
@@ -42,10 +46,13 @@ _ADAPTERS: dict[str, AdapterSpec] = {
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
         {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter"),
          "native": Implementation("adapters.tensorflow_native:NativeAdapter", ops=("average", "sum"),
-                                  compressions=("none",),
-                                  why_not="TensorFlow's collectives have neither Adasum nor fp16 "
-                                          "compression; use backend: horovod for them")},
-        variants={"horovod/tf_keras": "adapters.tf_keras:TfKerasAdapter"}),
+                                  compressions=("none",), syncs=("every_step",),
+                                  why_not="TensorFlow's collectives have neither Adasum nor compression, "
+                                          "and the strategies step in sync; use backend: horovod for them")},
+        variants={"horovod/tf_keras": Implementation(
+            "adapters.tf_keras:TfKerasAdapter", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
+            why_not="tf-keras trains through Horovod's own DistributedOptimizer, which has only fp16; "
+                    "the toolkit's compressions and local SGD run with keras: keras3")}),
     "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
                          {"horovod": Implementation("adapters.mxnet:MxnetAdapter", ops=("average", "sum"),
                                                     why_not="Horovod's MXNet DistributedTrainer has no Adasum")}),
@@ -72,6 +79,5 @@ def load(name: str, backend: str = "horovod", keras: str = "keras3"):
     s = spec(name)
     if not is_available(name):
         raise ToolkitError(f"framework={name!r} is not installed in this Python; {s.install}")
-    target = s.variants.get(f"{backend}/{keras}") or s.implementation(backend).target
-    module_name, _, cls = target.partition(":")
+    module_name, _, cls = s.implementation(backend, keras).target.partition(":")
     return getattr(importlib.import_module(module_name), cls)

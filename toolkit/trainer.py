@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from toolkit import checkpoint, data as datasets, registry, schedule
+from toolkit.communication import Communication
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -29,26 +30,31 @@ def _log(rank: int, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _restore(adapter, config: Config, rank: int) -> dict:
+def _restore(adapter, comm: Communication, config: Config, rank: int) -> dict:
     """Rank 0 verifies and loads the latest checkpoint; every rank learns the outcome, so a bad
-    checkpoint stops all ranks with the same message instead of leaving them in a collective."""
+    checkpoint stops all ranks with the same message instead of leaving them in a collective.
+    Every rank takes its own error-feedback residual from what rank 0 read."""
     outcome = {}
     if rank == 0:
         try:
             path, meta = checkpoint.latest(config.checkpoint_dir)
             try:
                 adapter.load(path)
+                saved_comm = comm.read(path)
             except Exception as e:  # the framework's own reader failed: name the file, not a traceback
                 raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
                                    f"folder to resume from the one before") from None
-            outcome = {"meta": meta, "path": str(path)}
+            outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
         except ToolkitError as e:
             outcome = {"error": str(e)}
     outcome = adapter.broadcast_object(outcome, name="toolkit.resume")
     if "error" in outcome:
         raise ToolkitError(outcome["error"])
     _log(rank, f"resumed from {outcome['path']} (step {outcome['meta']['step']})")
+    note = comm.load(outcome["communication"])
+    if note:
+        _log(rank, f"warning: {note}")
     return outcome["meta"]
 
 
@@ -80,7 +86,8 @@ def run(config: Config) -> dict:
     adapter.build(config, data.num_features, data.num_classes)
     initial_digests = _replica_digests(adapter, "toolkit.initial_digest")
     adapter.wrap(config)
-    meta = _restore(adapter, config, rank) if config.resume else {}
+    comm = Communication(config, adapter, rank, world)
+    meta = _restore(adapter, comm, config, rank) if config.resume else {}
     adapter.broadcast()
 
     if rank == 0:
@@ -108,8 +115,9 @@ def run(config: Config) -> dict:
             adapter.set_lr(lr := schedule.lr_at(config, world, step, spe))
             micro = (np.concatenate([sh[(s * k + j) * b:(s * k + j + 1) * b] for sh in shards]) for j in range(k))
             batches = [(data.x_train[idx], data.y_train[idx]) for idx in micro]
-            losses.append(adapter.train_step(batches))
+            losses.append(comm.step(batches, step))
             step += 1
+        comm.end_epoch()
         train_seconds += time.perf_counter() - t0
         samples += len(losses) * b * k * world
         loss = float(adapter.allreduce(np.array([np.mean(losses)], dtype=np.float64))[0])
@@ -120,10 +128,13 @@ def run(config: Config) -> dict:
         if rank == 0 and config.log_dir:
             with open(Path(config.log_dir) / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"epoch": epoch + 1, "step": step, "loss": loss, "accuracy": accuracy,
-                                    "lr": lr, "samples_per_sec": speed}) + "\n")
-        if rank == 0 and config.checkpoint_dir:
-            checkpoint.save(config.checkpoint_dir, step, {"epoch": epoch + 1, "train_loss": loss},
-                            adapter.save, keep=config.keep_checkpoints)
+                                    "lr": lr, "samples_per_sec": speed, **comm.summary()}) + "\n")
+        if config.checkpoint_dir:
+            comm_state = comm.gather_state()        # a collective: every rank takes part
+            if rank == 0:
+                checkpoint.save(config.checkpoint_dir, step, {"epoch": epoch + 1, "train_loss": loss},
+                                lambda folder: (adapter.save(folder), comm.write(folder, comm_state)),
+                                keep=config.keep_checkpoints)
 
     if accuracy is None:    # resumed at the end: nothing left to train, still measure
         _, accuracy = _evaluate(adapter, test_x, test_y)
@@ -134,9 +145,10 @@ def run(config: Config) -> dict:
     final_digest = digests[0]
     return {
         "framework": config.framework, "backend": config.backend.value, "world_size": world,
-        "processes": size, "path": adapter.path,
+        "processes": size, "path": comm.describe(adapter.path),
         "steps": step, "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
         "param_digest": final_digest, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": samples / train_seconds if train_seconds else 0.0,
+        "compression": config.compression.value, "sync": config.sync.value, **comm.summary(),
         "device": topo.device, "rank": rank,
     }

@@ -1,0 +1,49 @@
+"""The toolkit's communication methods (issue 5) in real 2-rank horovodrun jobs, for every framework.
+
+The numbers behind docs/COMMUNICATION.md come from examples/communication_bench.py; these tests
+check behaviour: identical replicas, bytes really reduced, exact resume, local SGD's equivalences.
+"""
+import pytest
+
+from tests.test_distributed import digits, fw, max_diff, params  # noqa: F401  (fw is a fixture)
+from tests.conftest import train_job
+
+pytestmark = pytest.mark.distributed
+
+
+def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
+    """Top-k 1% with error feedback: every rank identical, <= 1/100 of the dense bytes, and a resume
+    (which must restore each rank's residual) lands on the uninterrupted run's parameters."""
+    common = digits(fw) + ["--compression", "topk", "--topk-ratio", "0.01"]
+    straight = train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
+    assert straight["initial_digests"][0] != straight["initial_digests"][1]   # and they end identical
+    assert straight["compression"] == "topk" and "toolkit topk exchange" in straight["path"]
+    values = sum(p.size for p in params(fw, tmp_path / "a").values())
+    assert straight["bytes_sent_per_step"] <= values * 4 / 100 and straight["compression_ratio"] >= 100
+    assert straight["accuracy"] > 0.6
+    train_job("gloo", common + ["--epochs", "1", "--checkpoint-dir", tmp_path / "b"])
+    assert any((p / "communication.npz").is_file() for p in (tmp_path / "b").iterdir())
+    resumed = train_job("gloo", common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
+    assert resumed["steps"] == straight["steps"]
+    assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
+
+
+def test_local_sgd_with_one_local_step_equals_synchronous(fw, tmp_path):
+    """SGD with momentum and weight decay is linear in what local SGD averages (parameters and
+    momentum), so averaging after every step is the synchronous run, to float rounding."""
+    common = digits(fw) + ["--epochs", "1", "--weight-decay", "1e-4"]
+    train_job("gloo", common + ["--checkpoint-dir", tmp_path / "sync"])
+    local = train_job("gloo", common + ["--sync", "local_sgd", "--local-steps", "1",
+                                        "--checkpoint-dir", tmp_path / "local"])
+    assert local["sync"] == "local_sgd"
+    assert max_diff(params(fw, tmp_path / "sync"), params(fw, tmp_path / "local")) < 1e-5
+
+
+def test_local_sgd_after_compressed_warmup_ends_identical(fw):
+    """Warm-up steps exchanged as int8, then 5 local steps between averages; 22 steps an epoch, so
+    the epoch's end forces the final average that makes the replicas identical (checked by digest)."""
+    out = train_job("gloo", digits(fw) + ["--epochs", "2", "--sync", "local_sgd", "--local-steps", "5",
+                                          "--sync-warmup-steps", "6", "--compression", "int8"])
+    assert out["initial_digests"][0] != out["initial_digests"][1]
+    assert out["accuracy"] > 0.7
+    assert out["compression_ratio"] > 1.5       # int8 warm-up, then one dense average per 5 steps

@@ -1,0 +1,137 @@
+"""How each optimizer step's gradients cross the wire, chosen once from the config and counted in bytes.
+
+One class, three ways (the trainer calls `step` and does not know which):
+
+- Horovod's own path (compression none or fp16, any op): the adapter's `train_step`, with
+  Horovod's distributed optimizer inside. It sends the dense gradients: 4 bytes a value, 2 with fp16.
+- The toolkit's exchange (compression bf16, int8, topk): the adapter computes this rank's
+  gradients (`local_gradients`, accumulation included, so compression happens once per optimizer
+  step), `toolkit.compression.GradientExchange` compresses, exchanges and averages them with error
+  feedback, and the adapter applies the result (`apply_gradients`).
+- Local SGD (Stich 2019; post-local SGD, Lin et al. 2020): after `sync_warmup_steps` synchronous
+  steps (exchanged as above, compressed if asked), each rank applies its own gradients and every
+  `local_steps` steps the ranks average their models, parameters and optimizer slots, with one
+  allreduce. Also at each epoch's end, so evaluation and checkpoints see one model. Averaging the
+  optimizer slots too keeps every rank's state identical after an average (resume is exact), and
+  makes local_steps=1 equal synchronous training for SGD with momentum (all of it is linear).
+
+`bytes_sent` counts the payload each rank hands to a collective: the compressed bytes (plus the
+small length header) for the toolkit's exchange, the dense bytes for Horovod's path and for model
+averages. Ring algorithms move a small multiple of it (allreduce 2(N-1)/N, allgather N-1).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolkit.compression import GradientExchange, make
+from toolkit.config import Compression, Config, Op, Sync
+
+STATE_FILE = "communication.npz"
+
+
+class Communication:
+    def __init__(self, config: Config, adapter, rank: int, world_size: int):
+        self.adapter, self.rank, self.world = adapter, rank, world_size
+        self.toolkit = config.toolkit_exchange
+        self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
+        self.warmup_steps = config.sync_warmup_steps
+        self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio or 0.01),
+                                         bool(config.error_feedback), average=config.op is not Op.SUM) \
+            if self.toolkit else None
+        self.horovod_value_bytes = 2 if config.compression is Compression.FP16 else 4
+        self.since_average = 0      # local SGD: steps since the models were last averaged
+        self.bytes_sent = 0         # by this rank, since this process started
+        self.steps = 0              # optimizer steps since this process started
+        self.values = sum(int(a.size) for a in adapter.parameters())   # gradient values per step
+
+    # -- the trainer's calls -------------------------------------------------------------------
+    def step(self, batches, step: int) -> float:
+        """One optimizer step over the micro-batches (`step` is the global step index); local mean loss."""
+        self.steps += 1
+        if not self.toolkit:
+            self.bytes_sent += self.values * self.horovod_value_bytes
+            return self.adapter.train_step(batches)
+        loss, grads = self.adapter.local_gradients(batches)
+        if self.local_steps and step >= self.warmup_steps:
+            self.adapter.apply_gradients(grads)
+            self.since_average += 1
+            if self.since_average == self.local_steps:
+                self.average_models()
+        else:
+            grads = self.exchange.exchange(grads, self.adapter, self.world)
+            self.bytes_sent += self.exchange.last_bytes
+            self.adapter.apply_gradients(grads)
+        return loss
+
+    def end_epoch(self) -> None:
+        """Local SGD: one model on every rank before evaluation and checkpoints."""
+        if self.since_average:
+            self.average_models()
+
+    def average_models(self) -> None:
+        import numpy as np
+        arrays = self.adapter.get_state()
+        flat = np.concatenate([np.asarray(a, np.float32).reshape(-1) for a in arrays])
+        if self.world > 1:
+            flat = self.adapter.allreduce(flat, average=True)
+            self.bytes_sent += flat.nbytes
+        out, start = [], 0
+        for a in arrays:
+            out.append(flat[start:start + a.size].reshape(a.shape).astype(a.dtype))
+            start += a.size
+        self.adapter.set_state(out)
+        self.since_average = 0
+
+    def describe(self, adapter_path: str) -> str:
+        """The JSON summary's `path`: the adapter's own, or what the toolkit does on top of it."""
+        if not self.toolkit:
+            return adapter_path
+        how = (f"local SGD (average every {self.local_steps} steps)" if self.local_steps else "every step")
+        return f"toolkit {self.exchange.compressor.name} exchange, {how}, over {self.adapter.name}'s Horovod collectives"
+
+    def summary(self) -> dict:
+        per_step = self.bytes_sent / self.steps if self.steps else 0.0
+        return {"bytes_sent_per_step": per_step,
+                "compression_ratio": self.values * 4 / per_step if per_step else None}
+
+    # -- checkpoints: error-feedback residuals (one per rank) and the local SGD counter ---------
+    def gather_state(self):
+        """Collective (every rank calls it): {name: array} for rank 0 to save, or None if stateless."""
+        import numpy as np
+        if not (self.exchange and self.exchange.error_feedback):
+            return None
+        residual = self.exchange.residual
+        if residual is None:
+            residual = np.zeros(self.values, np.float32)
+        rows = residual.view(np.uint8) if self.world == 1 else self.adapter.allgather(residual.view(np.uint8))
+        return {"residuals": np.frombuffer(rows.tobytes(), np.float32).reshape(self.world, -1),
+                "since_average": np.array(self.since_average)}
+
+    @staticmethod
+    def write(folder: Path, state) -> None:
+        import numpy as np
+        if state is not None:
+            with open(folder / STATE_FILE, "wb") as f:
+                np.savez(f, **state)
+
+    @staticmethod
+    def read(folder: Path):
+        import numpy as np
+        if not (folder / STATE_FILE).is_file():
+            return None
+        with np.load(folder / STATE_FILE) as data:
+            return {k: data[k] for k in data.files}
+
+    def load(self, state) -> str | None:
+        """Take this rank's residual from a saved state; returns a note when it cannot (starts from zero)."""
+        if not (self.exchange and self.exchange.error_feedback):
+            return None
+        if state is None:
+            return "the checkpoint has no error-feedback residuals (saved without them): starting from zero"
+        residuals = state["residuals"]
+        if residuals.shape != (self.world, self.values):
+            return (f"the checkpoint's error-feedback residuals are for {residuals.shape[0]} ranks x "
+                    f"{residuals.shape[1]} values, this job has {self.world} x {self.values}: starting from zero")
+        self.exchange.residual = residuals[self.rank].copy()
+        self.since_average = int(state["since_average"])
+        return None
