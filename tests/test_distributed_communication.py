@@ -47,3 +47,30 @@ def test_local_sgd_after_compressed_warmup_ends_identical(fw):
     assert out["initial_digests"][0] != out["initial_digests"][1]
     assert out["accuracy"] > 0.7
     assert out["compression_ratio"] > 1.5       # int8 warm-up, then one dense average per 5 steps
+
+
+def tensorboard_scalars(folder) -> dict:
+    """{tag: [(step, value)]} from the TFRecord-framed event files tensorboardX wrote."""
+    import struct
+    from tensorboardX.proto.event_pb2 import Event
+    scalars = {}
+    for path in folder.glob("events.out.tfevents.*"):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4                      # length, its crc, the record, its crc
+            for v in event.summary.value:
+                scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return scalars
+
+
+def test_bytes_and_ratio_reach_metrics_and_tensorboard(tmp_path):
+    out = train_job("single", digits("torch") + ["--epochs", "2", "--compression", "int8", "--log-dir", tmp_path])
+    scalars = tensorboard_scalars(tmp_path)
+    assert [step for step, _ in scalars["accuracy"]] == [out["steps"] // 2, out["steps"]]
+    assert scalars["accuracy"][-1][1] == pytest.approx(out["accuracy"])
+    assert scalars["bytes_sent_per_step"][-1][1] == pytest.approx(out["bytes_sent_per_step"])
+    assert 3.5 < scalars["compression_ratio"][-1][1] < 4       # int8: 1 byte a value + a scale per 256
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and '"compression_ratio"' in lines[-1]

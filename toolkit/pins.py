@@ -26,6 +26,7 @@ TOOLS = {
     "packaging": "26.3",
     "cffi": "2.1.1",
     "scikit-learn": "1.9.1",    # ships the real 8x8 `digits` dataset, no download
+    "tensorboardX": "2.6.5",    # TensorBoard event files without TensorFlow (log_dir)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
     "setuptools": "84.2.1",

@@ -6,13 +6,13 @@ JSON summary; before the summary every rank's parameter digest is gathered and c
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
 
 from toolkit import checkpoint, data as datasets, registry, schedule
 from toolkit.communication import Communication
+from toolkit.metrics import MetricsLog
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -105,6 +105,7 @@ def run(config: Config) -> dict:
                f"{topo.device}, {spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * world}")
     samples, train_seconds = 0, 0.0
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
+    metrics = MetricsLog(config.log_dir) if rank == 0 and config.log_dir else None
     accuracy, lr = None, schedule.lr_at(config, world, step, spe)
     b, k = config.batch_size, config.accumulation_steps
     for epoch in range(step // spe, config.epochs):
@@ -125,10 +126,9 @@ def run(config: Config) -> dict:
         speed = samples / train_seconds if train_seconds else 0.0
         _log(rank, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
                    f"accuracy {accuracy:.4f}  lr {lr:.4g}  {speed:,.0f} samples/s")
-        if rank == 0 and config.log_dir:
-            with open(Path(config.log_dir) / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"epoch": epoch + 1, "step": step, "loss": loss, "accuracy": accuracy,
-                                    "lr": lr, "samples_per_sec": speed, **comm.summary()}) + "\n")
+        if metrics:
+            metrics.write(step, {"epoch": epoch + 1, "loss": loss, "test_loss": test_loss, "accuracy": accuracy,
+                                 "lr": lr, "samples_per_sec": speed, **comm.summary()})
         if config.checkpoint_dir:
             comm_state = comm.gather_state()        # a collective: every rank takes part
             if rank == 0:
@@ -136,6 +136,8 @@ def run(config: Config) -> dict:
                                 lambda folder: (adapter.save(folder), comm.write(folder, comm_state)),
                                 keep=config.keep_checkpoints)
 
+    if metrics:
+        metrics.close()
     if accuracy is None:    # resumed at the end: nothing left to train, still measure
         _, accuracy = _evaluate(adapter, test_x, test_y)
     digests = _replica_digests(adapter, "toolkit.final_digest")
