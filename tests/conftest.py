@@ -77,7 +77,7 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str, launched: b
     horovodrun itself prints a traceback when a rank fails, so only the ranks' lines are checked.
     """
     assert proc.returncode != 0, f"expected failure, got exit 0: {proc.stdout}"
-    ours = re.findall(r"^\[\d+\]<stderr>:(.*)$", proc.stderr, re.M) if launched else proc.stderr.splitlines()
+    ours = re.findall(r"^\[[\d,]+\]<stderr>:(.*)$", proc.stderr, re.M) if launched else proc.stderr.splitlines()
     assert ours and not any("Traceback" in ln for ln in ours), proc.stderr
     errors = [ln for ln in ours if "toolkit: error:" in ln]
     assert errors, f"no `toolkit: error:` line in stderr:\n{proc.stderr}"

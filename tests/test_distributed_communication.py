@@ -5,8 +5,8 @@ check behaviour: identical replicas, bytes really reduced, exact resume, local S
 """
 import pytest
 
-from tests.test_distributed import digits, fw, max_diff, params  # noqa: F401  (fw is a fixture)
-from tests.conftest import train_job
+from tests.test_distributed import baseline, digits, fw, max_diff, params  # noqa: F401  (fw is a fixture)
+from tests.conftest import TRAIN, one_line_error, run, train_job
 
 pytestmark = pytest.mark.distributed
 
@@ -28,15 +28,14 @@ def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
     assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
 
 
-def test_local_sgd_with_one_local_step_equals_synchronous(fw, tmp_path):
-    """SGD with momentum and weight decay is linear in what local SGD averages (parameters and
-    momentum), so averaging after every step is the synchronous run, to float rounding."""
-    common = digits(fw) + ["--epochs", "1", "--weight-decay", "1e-4"]
-    train_job("gloo", common + ["--checkpoint-dir", tmp_path / "sync"])
-    local = train_job("gloo", common + ["--sync", "local_sgd", "--local-steps", "1",
-                                        "--checkpoint-dir", tmp_path / "local"])
-    assert local["sync"] == "local_sgd"
-    assert max_diff(params(fw, tmp_path / "sync"), params(fw, tmp_path / "local")) < 1e-5
+def test_local_sgd_with_one_local_step_equals_synchronous(fw, tmp_path, tmp_path_factory):
+    """SGD with momentum is linear in what local SGD averages (parameters and momentum), so
+    averaging after every step is the synchronous run (Horovod's optimizer), to float rounding."""
+    _, synchronous = baseline(fw, tmp_path_factory)
+    local = train_job("gloo", digits(fw) + ["--epochs", "1", "--sync", "local_sgd", "--local-steps", "1",
+                                            "--checkpoint-dir", tmp_path])
+    assert local["sync"] == "local_sgd" and "local SGD" in local["path"]
+    assert max_diff(params(fw, tmp_path), synchronous) < 1e-5
 
 
 def test_local_sgd_after_compressed_warmup_ends_identical(fw):
@@ -47,6 +46,12 @@ def test_local_sgd_after_compressed_warmup_ends_identical(fw):
     assert out["initial_digests"][0] != out["initial_digests"][1]
     assert out["accuracy"] > 0.7
     assert out["compression_ratio"] > 1.5       # int8 warm-up, then one dense average per 5 steps
+
+
+def test_adasum_on_three_ranks_is_a_clear_error():
+    proc = run(["horovodrun", "-np", "3", "-H", "localhost:3", "--mpi", *TRAIN, *digits("torch"),
+                "--epochs", "1", "--op", "adasum"], timeout=180)
+    one_line_error(proc, "op=adasum needs a power-of-2 number of ranks, got 3", "-np", launched=True)
 
 
 def tensorboard_scalars(folder) -> dict:
