@@ -42,17 +42,20 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes(ratio):
     assert np.all(np.abs(y[list(kept)] - x[list(kept)]) <= np.abs(x[list(kept)]) * 2.0 ** -8)  # bf16 values
 
 
-def test_topk_positions_bridge_long_gaps():
+@pytest.mark.parametrize("ratio, width", [(3 / 100_000, np.uint16), (0.01, np.uint8)])
+def test_topk_positions_bridge_long_gaps(ratio, width):
     x = np.zeros(100_000, np.float32)
-    x[[0, 70_000, 99_999]] = [5, -6, 7]                 # gaps far over 255
-    topk = TopK(3 / 100_000)
-    y = topk.decompress(topk.compress(x), len(x))
-    assert np.array_equal(y, x)
+    x[[0, 70_000, 99_999]] = [5, -6, 7]                 # gaps over 255 and over 65535
+    topk = TopK(ratio)
+    payload = topk.compress(x)
+    assert payload[0].dtype == width
+    assert np.array_equal(topk.decompress(payload, len(x)), x)
 
 
-def test_topk_at_1_percent_sends_under_a_hundredth_of_the_dense_bytes():
+@pytest.mark.parametrize("ratio, at_most", [(0.01, 1 / 100), (0.001, 1 / 800)])
+def test_topk_sends_about_ratio_of_the_dense_bytes(ratio, at_most):
     x = data(100_000)
-    assert payload_bytes(TopK(0.01).compress(x)) <= x.nbytes / 100
+    assert payload_bytes(TopK(ratio).compress(x)) <= x.nbytes * at_most
 
 
 @pytest.mark.parametrize("compressor", [BF16(), Int8(), TopK(0.01)], ids=lambda c: c.name)

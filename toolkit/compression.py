@@ -1,7 +1,8 @@
 """Gradient compression written once, on numpy, for every framework: bf16, int8, top-k, error feedback.
 
 What crosses the wire is the compressed payload itself: bf16 sends 2 bytes a value, int8 sends
-1 byte a value plus one float32 scale per block, top-k sends k uint8 position gaps and k bfloat16 values (see TopK).
+1 byte a value plus one float32 scale per block, top-k sends k position gaps (uint8 or uint16)
+and k bfloat16 values (see TopK).
 Payloads differ per rank (int8 scales, top-k positions), so they are exchanged with an allgather
 (the adapter's `allgather` of raw bytes, rows concatenated) and every rank decompresses all of them
 and averages: the same result on every rank, bit for bit.
@@ -70,18 +71,20 @@ class Int8(Compressor):
 
 
 class TopK(Compressor):
-    """The k = ceil(ratio * n) largest magnitudes, about 3 bytes each on the wire.
+    """The k = ceil(ratio * n) largest magnitudes: k position gaps and k bfloat16 values.
 
-    Positions travel as uint8 gaps from the previous kept position (a gap over 255 is bridged by
-    zero-valued filler entries, so rare for ratios near 1% that they cost little) and values as
-    bfloat16: 1 + 2 bytes per kept value instead of float32's 4 per value, dense. At 1% density
-    that is about 1/130 of the dense bytes. bf16 rounding of the kept values, like the values not
-    kept, goes to the error-feedback residual.
+    Positions travel as gaps from the previous kept position, uint8 when the mean gap (1 / ratio)
+    fits in one (ratio >= 1/128: 3 bytes a kept value) and uint16 otherwise (4 bytes a kept value).
+    A gap over the width's maximum is bridged by zero-valued filler entries. The width depends
+    only on the ratio, so every rank reads every other rank's payload the same way. At 1% density
+    that is about 1/130 of the dense float32 bytes, at 0.1% about 1/1000. bf16 rounding of the
+    kept values, like the values not kept, goes to the error-feedback residual.
     """
     name = "topk"
 
     def __init__(self, ratio: float):
         self.ratio = ratio
+        self.gap_dtype = "uint8" if ratio >= 1 / 128 else "uint16"
 
     def k(self, n: int) -> int:
         return max(1, min(n, math.ceil(self.ratio * n)))
@@ -94,14 +97,15 @@ class TopK(Compressor):
 
     def compress(self, flat):
         import numpy as np
+        limit = int(np.iinfo(self.gap_dtype).max)
         idx = self.select(flat)
         gaps = np.diff(idx, prepend=-1)                       # >= 1
-        fillers = (gaps - 1) // 255                           # entries of gap 255 before each real one
+        fillers = (gaps - 1) // limit                         # entries of gap `limit` before each real one
         count = len(idx) + int(fillers.sum())
-        out_gaps = np.full(count, 255, np.uint8)
+        out_gaps = np.full(count, limit, self.gap_dtype)
         values = np.zeros(count, np.float32)
         real = np.cumsum(fillers + 1) - 1                     # where each real entry lands
-        out_gaps[real] = gaps - 255 * fillers
+        out_gaps[real] = gaps - limit * fillers
         values[real] = flat[idx]
         return out_gaps, BF16().compress(values)[0]
 
