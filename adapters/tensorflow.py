@@ -60,6 +60,15 @@ def _hvd():
     return import_horovod("horovod.tensorflow", "tensorflow")
 
 
+def allreduce_gradients(hvd, grads, op, compression) -> list:
+    """One grouped allreduce of the gradients; per tensor for Adasum, whose grouped form fails in
+    Horovod 0.28.1 (`UnboundLocalError: 'tensor'` in horovod/tensorflow/__init__.py's Adasum branch
+    of grouped_allreduce: the name only exists inside a list comprehension)."""
+    if op == hvd.Adasum:
+        return [hvd.allreduce(g, op=op, compression=compression) for g in grads]
+    return hvd.grouped_allreduce(grads, op=op, compression=compression)
+
+
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op=None,
                          compression=None) -> keras.optimizers.Optimizer:
     """A copy of a Keras 3 optimizer that allreduces gradients before applying them.
@@ -76,7 +85,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op=None,
         def apply(self, grads, trainable_variables=None):
             grads = list(grads)
             if hvd.size() > 1:
-                grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
+                grads = allreduce_gradients(hvd, grads, op, compression)
             return super().apply(grads, trainable_variables)
 
     _Distributed.__name__ = f"Distributed{type(optimizer).__name__}"
@@ -146,7 +155,7 @@ class TensorflowAdapter(Adapter):
         @tf.function
         def apply(grads):
             if reduce:
-                grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
+                grads = allreduce_gradients(hvd, grads, op, compression)
             if weight_decay:
                 grads = [g + weight_decay * v.value for g, v in zip(grads, variables)]
             self.optimizer.apply_gradients(zip(grads, variables))

@@ -49,18 +49,20 @@ def run_one(framework: str, flags: list[str], launcher: str, epochs: int, np_: i
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if "toolkit: error:" in ln]
-        raise RuntimeError(f"{framework} {' '.join(flags)}: exit {proc.returncode}: "
-                           f"{errors[0] if errors else proc.stderr[-2000:]}")
+        lines = [ln for ln in proc.stderr.splitlines() if "toolkit: error:" in ln or "Error" in ln]
+        return {"failed": f"exit {proc.returncode}: {(lines or ['see stderr'])[-1][-200:]}", "wall_s": wall}
     line = next(ln for ln in re.sub(r"\[[\d,]+\]<stdout>:", "", proc.stdout).splitlines() if ln.startswith("{"))
     return {**json.loads(line), "wall_s": wall}
 
 
 def table(rows: list[tuple[str, str, dict]]) -> str:
-    base = {fw: out["accuracy"] for fw, label, out in rows if label == "none"}
+    base = {fw: out["accuracy"] for fw, label, out in rows if label == "none" and "failed" not in out}
     lines = ["| framework | method | accuracy | vs none (points) | bytes/step/rank | ratio vs none | wall s |",
              "|---|---|---|---|---|---|---|"]
     for fw, label, out in rows:
+        if "failed" in out:
+            lines.append(f"| {fw} | {label} | failed: {out['failed'].replace('|', '/')} | | | | {out['wall_s']:.0f} |")
+            continue
         delta = (out["accuracy"] - base[fw]) * 100 if fw in base else float("nan")
         ratio = out["compression_ratio"]
         lines.append(f"| {fw} | {label} | {out['accuracy']:.4f} | {delta:+.1f} | {out['bytes_sent_per_step']:,.0f} | "
@@ -83,6 +85,9 @@ def main() -> int:
                 continue
             out = run_one(fw, flags, launcher, args.epochs, args.np_, args.timeout)
             rows.append((fw, label, out))
+            if "failed" in out:
+                print(f"{fw:10s} {label:40s} FAILED {out['failed']}", file=sys.stderr, flush=True)
+                continue
             print(f"{fw:10s} {label:40s} accuracy {out['accuracy']:.4f}  {out['bytes_sent_per_step']:9,.0f} B/step  "
                   f"{out['compression_ratio']:7.1f}x  {out['wall_s']:.0f} s", file=sys.stderr, flush=True)
     text = table(rows)
@@ -96,7 +101,7 @@ def main() -> int:
             raise SystemExit(f"{DOC} has no {BEGIN} ... {END} markers to write between")
         DOC.write_text(doc[:doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):])
         print(f"wrote {DOC}", file=sys.stderr)
-    return 0
+    return 1 if any("failed" in out for _, _, out in rows) else 0
 
 
 if __name__ == "__main__":
