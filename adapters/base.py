@@ -46,11 +46,20 @@ def import_horovod(module: str, framework: str):
 
 
 def apply_horovod_tuning(config) -> None:
-    """Fusion threshold and cycle time from the config, set before `hvd.init()` reads them."""
+    """Fusion threshold, cycle time, timeline and stall check from the config, set before
+    `hvd.init()` reads them (Horovod's own environment variables, so horovodrun's flags agree)."""
     if config.fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
     if config.cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
+    if config.timeline_file:
+        path = Path(config.timeline_file).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["HOROVOD_TIMELINE"] = str(path)
+    if config.stall_check_seconds == 0:
+        os.environ["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    elif config.stall_check_seconds is not None:
+        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(int(config.stall_check_seconds))
 
 
 def launcher_local_size() -> int:

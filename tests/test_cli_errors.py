@@ -1,7 +1,7 @@
 """Bad input through the real CLI: one line naming the field or flag and the fix, non-zero, no traceback."""
 import pytest
 
-from tests.conftest import TRAIN, one_line_error, run, toolkit
+from tests.conftest import BIN, TRAIN, one_line_error, run, toolkit
 from toolkit import registry
 from toolkit.cli import main
 
@@ -52,3 +52,24 @@ def test_framework_not_installed(monkeypatch, capsys, framework, extra, install)
 def test_config_show_bad_input_and_doctor_unknown_framework():
     one_line_error(toolkit("config", "show", "--optimizer", "lamb"), "optimizer='lamb'")
     one_line_error(toolkit("doctor", "--framework", "jax"), "framework='jax'")
+
+
+def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
+    """horovodrun's argparse classifies every `--x` on its command line, the training script's
+    flags included, and stops with `ambiguous option` when one is a prefix of two of its own
+    (`--timeline` would match --timeline-filename and --timeline-mark-cycles)."""
+    import argparse
+    import re
+    import shutil
+
+    from toolkit import config
+    horovodrun = shutil.which("horovodrun", path=str(BIN))
+    if not horovodrun:
+        pytest.skip("horovodrun is not installed; run `make setup`")
+    theirs = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", run([horovodrun, "--help"], timeout=60).stdout))
+    assert "--timeline-filename" in theirs and "--config-file" in theirs
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    ours = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    ambiguous = {f: sorted(o for o in theirs if o.startswith(f)) for f in ours if f not in theirs}
+    assert {f: m for f, m in ambiguous.items() if len(m) > 1} == {}

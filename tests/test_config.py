@@ -85,6 +85,9 @@ def test_roundtrip_through_yaml(tmp_path, values):
     ({"framework": "tensorflow", "backend": "native", "strategy": "multi_worker_mirrored", "num_devices": "2"},
      ["num_devices", "-np"]),
     ({"framework": "tensorflow", "backend": "native", "num_devices": "0"}, ["num_devices=0", "--num-devices"]),
+    ({"stall_check_seconds": "-1"}, ["stall_check_seconds=-1.0", ">= 0", "--stall-check-seconds"]),
+    ({"framework": "tensorflow", "backend": "native", "timeline_file": "t.json"},
+     ["timeline_file is a Horovod setting", "backend=native", "--backend horovod"]),
     # communication (issue 5)
     ({"compression": "topk", "topk_ratio": "0"}, ["topk_ratio=0.0", "(0, 1]", "--topk-ratio 0.01"]),
     ({"compression": "topk", "topk_ratio": "1.5"}, ["topk_ratio=1.5", "(0, 1]"]),

@@ -127,6 +127,11 @@ class Config:
     log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl here")
     fusion_threshold_mb: Optional[float] = _f(None, "Horovod tensor fusion buffer (MiB); unset = Horovod's")
     cycle_time_ms: Optional[float] = _f(None, "Horovod cycle time (ms); unset = Horovod's")
+    timeline_file: Optional[str] = _f(None, "Horovod timeline file (JSON for chrome://tracing or Perfetto), "
+                                       "written by rank 0 (HOROVOD_TIMELINE)")
+    stall_check_seconds: Optional[float] = _f(None, "Horovod warns when a rank waits this long for the others; "
+                                                    "0 turns the check off; unset = Horovod's (60)")
+    quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
 
     def __post_init__(self):
         positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
@@ -146,6 +151,14 @@ class Config:
             if value is not None and not value > 0:
                 _bad(name, value, "must be > 0, or unset for Horovod's default", example="64")
         self._check_communication()
+        if self.stall_check_seconds is not None and self.stall_check_seconds < 0:
+            _bad("stall_check_seconds", self.stall_check_seconds, "must be >= 0 (0 turns the check off)",
+                 example="120")
+        if self.backend is Backend.NATIVE:
+            for name in ("timeline_file", "stall_check_seconds", "fusion_threshold_mb", "cycle_time_ms"):
+                if getattr(self, name) is not None:
+                    raise ToolkitError(f"{name} is a Horovod setting and backend=native does not use Horovod; "
+                                       f"drop {name} or use --backend horovod")
         if self.resume and not self.checkpoint_dir:
             raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
                                "(the folder an earlier run wrote checkpoints to)")

@@ -25,9 +25,18 @@ def digest(arrays) -> str:
     return h.hexdigest()[:16]
 
 
-def _log(rank: int, message: str) -> None:
-    if rank == 0:
+def _log(rank: int, message: str, quiet: bool = False) -> None:
+    if rank == 0 and not quiet:
         print(message, file=sys.stderr, flush=True)
+
+
+def _progress_bar(config: Config, rank: int, epoch: int, steps: int, done: int):
+    """Rank 0's tqdm bar for one epoch, only on a terminal and without `quiet` (logs stay clean)."""
+    if rank != 0 or config.quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step",
+                leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def _restore(adapter, comm: Communication, config: Config, rank: int) -> dict:
@@ -102,7 +111,8 @@ def run(config: Config) -> dict:
     step = int(meta.get("step", 0))
     loss = meta.get("train_loss")
     _log(rank, f"{config.framework}/{config.backend.value}: {size} rank(s) x {topo.replicas} replica(s) on "
-               f"{topo.device}, {spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * world}")
+               f"{topo.device}, {spe} steps/epoch, global batch {config.batch_size * config.accumulation_steps * world}",
+         config.quiet)
     samples, train_seconds = 0, 0.0
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
     metrics = MetricsLog(config.log_dir) if rank == 0 and config.log_dir else None
@@ -112,12 +122,19 @@ def run(config: Config) -> dict:
         shards = [datasets.epoch_shard(n_train, epoch, config.seed, r, world) for r in replicas]
         t0 = time.perf_counter()
         losses = []
+        bar = _progress_bar(config, rank, epoch, spe, step - epoch * spe)
         for s in range(step - epoch * spe, spe):
             adapter.set_lr(lr := schedule.lr_at(config, world, step, spe))
             micro = (np.concatenate([sh[(s * k + j) * b:(s * k + j + 1) * b] for sh in shards]) for j in range(k))
             batches = [(data.x_train[idx], data.y_train[idx]) for idx in micro]
             losses.append(comm.step(batches, step))
             step += 1
+            if bar:
+                rate = len(losses) * b * k * world / (time.perf_counter() - t0)
+                bar.set_postfix_str(f"loss {losses[-1]:.4f}, {rate:,.0f} samples/s", refresh=False)
+                bar.update(1)
+        if bar:
+            bar.close()
         comm.end_epoch()
         train_seconds += time.perf_counter() - t0
         samples += len(losses) * b * k * world
@@ -125,7 +142,7 @@ def run(config: Config) -> dict:
         test_loss, accuracy = _evaluate(adapter, test_x, test_y)
         speed = samples / train_seconds if train_seconds else 0.0
         _log(rank, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
-                   f"accuracy {accuracy:.4f}  lr {lr:.4g}  {speed:,.0f} samples/s")
+                   f"accuracy {accuracy:.4f}  lr {lr:.4g}  {speed:,.0f} samples/s", config.quiet)
         if metrics:
             metrics.write(step, {"epoch": epoch + 1, "loss": loss, "test_loss": test_loss, "accuracy": accuracy,
                                  "lr": lr, "samples_per_sec": speed, **comm.summary()})
