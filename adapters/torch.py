@@ -54,9 +54,9 @@ class TorchAdapter(Adapter):
             self.optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
 
     def wrap(self, config: Config) -> None:
-        hvd = self.hvd
         if config.toolkit_exchange:
             return
+        hvd = self.hvd
         self.optimizer = hvd.DistributedOptimizer(
             self.optimizer, named_parameters=self.model.named_parameters(),
             compression=hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.compression import GradientExchange, make
+from toolkit.compression import GradientExchange, flatten, make, unflatten
 from toolkit.config import Compression, Config, Op, Sync
 
 STATE_FILE = "communication.npz"
@@ -69,17 +69,12 @@ class Communication:
             self.average_models()
 
     def average_models(self) -> None:
-        import numpy as np
         arrays = self.adapter.get_state()
-        flat = np.concatenate([np.asarray(a, np.float32).reshape(-1) for a in arrays])
+        flat = flatten(arrays)
         if self.world > 1:
             flat = self.adapter.allreduce(flat, average=True)
             self.bytes_sent += flat.nbytes
-        out, start = [], 0
-        for a in arrays:
-            out.append(flat[start:start + a.size].reshape(a.shape).astype(a.dtype))
-            start += a.size
-        self.adapter.set_state(out)
+        self.adapter.set_state(unflatten(flat, arrays))
         self.since_average = 0
 
     def describe(self, adapter_path: str) -> str:

@@ -118,6 +118,23 @@ class TopK(Compressor):
         return out
 
 
+def flatten(arrays):
+    """One float32 vector of the arrays' values, in order (what one collective carries)."""
+    import numpy as np
+    return np.concatenate([np.asarray(a, np.float32).reshape(-1) for a in arrays])
+
+
+def unflatten(flat, like) -> list:
+    """`flat` cut back into arrays shaped (and typed) like `like`."""
+    import numpy as np
+    out, start = [], 0
+    for a in like:
+        size = int(np.prod(np.shape(a)))
+        out.append(flat[start:start + size].reshape(np.shape(a)).astype(np.asarray(a).dtype, copy=False))
+        start += size
+    return out
+
+
 def make(name: str, topk_ratio: float = 0.01) -> Compressor:
     if name == "topk":
         return TopK(topk_ratio)
@@ -146,8 +163,7 @@ class GradientExchange:
 
     def exchange(self, grads: Sequence, comm, world_size: int) -> list:
         import numpy as np
-        shapes = [g.shape for g in grads]
-        flat = np.concatenate([np.asarray(g, np.float32).reshape(-1) for g in grads])
+        flat = flatten(grads)
         n = len(flat)
         if self.compressor.name == "none":
             self.last_bytes = flat.nbytes
@@ -162,12 +178,7 @@ class GradientExchange:
                 self.residual = flat - self.compressor.decompress(payload, n)
             total = self._gather_and_sum(payload, n, comm, world_size)
             out = (total / world_size if self.average else total).astype(np.float32)
-        split, start = [], 0
-        for shape in shapes:
-            size = int(np.prod(shape)) if shape else 1
-            split.append(out[start:start + size].reshape(shape))
-            start += size
-        return split
+        return unflatten(out, grads)
 
     def _gather_and_sum(self, payload, n: int, comm, world_size: int):
         import numpy as np
