@@ -5,6 +5,7 @@ same for all of them: that is the toolkit's promise.
 """
 import functools
 import hashlib
+import shutil
 
 import numpy as np
 import pytest
@@ -48,6 +49,15 @@ def params(fw, checkpoint_dir) -> dict:
     return {k: v.asnumpy() for k, v in mx.nd.load(str(latest / "model.params")).items()}
 
 
+def interrupted_copy(finished, folder):
+    """`folder` as a job that died after its first epoch would have left it: a copy of `finished`
+    (a 2-epoch run) without its later checkpoints. Saves running the 1-epoch job separately."""
+    shutil.copytree(finished, folder)
+    for later in sorted(p for p in folder.iterdir() if p.name.startswith("ckpt-"))[1:]:
+        shutil.rmtree(later)
+    return folder
+
+
 def max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
@@ -80,9 +90,23 @@ def test_two_ranks_start_different_and_end_identical(fw, launcher):
         assert key in out
 
 
-def test_single_process_runs_unchanged(fw):
-    out = train_job("single", digits(fw) + ["--epochs", "2", "--dataset", "synthetic"])
-    assert out["world_size"] == 1 and len(out["initial_digests"]) == 1
+_SINGLE: dict = {}
+
+
+def single_run(fw, tmp_path_factory):
+    """One single-process job per framework (no launcher), 2 epochs with checkpoints, shared."""
+    if fw not in _SINGLE:
+        folder = tmp_path_factory.mktemp(f"single-{fw}")
+        _SINGLE[fw] = (train_job("single", digits(fw) + ["--epochs", "2", "--lr", "0.07", "--checkpoint-dir", folder]),
+                       folder)
+    return _SINGLE[fw]
+
+
+def test_single_process_runs_unchanged_and_writes_its_config(fw, tmp_path_factory):
+    out, folder = single_run(fw, tmp_path_factory)
+    assert out["world_size"] == 1 and len(out["initial_digests"]) == 1 and out["accuracy"] > 0.8
+    proc = toolkit("config", "show", "--config", folder / "config.yaml")
+    assert proc.returncode == 0 and "lr: 0.07" in proc.stdout and f"framework: {fw}" in proc.stdout
 
 
 def test_lr_scaling_and_warmup_by_world_size(fw):
@@ -124,16 +148,16 @@ def test_fp16_compression_close_to_none(fw, tmp_path, tmp_path_factory):
 def test_resume_reaches_the_uninterrupted_parameters(fw, tmp_path):
     common = digits(fw) + ["--optimizer", "sgd", "--momentum", "0.9"]
     straight = train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
-    train_job("gloo", common + ["--epochs", "1", "--checkpoint-dir", tmp_path / "b"])
+    interrupted_copy(tmp_path / "a", tmp_path / "b")
     resumed = train_job("gloo", common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
     assert resumed["steps"] == straight["steps"]
     assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
     assert (tmp_path / "b" / "config.yaml").read_text().count("resume: true") == 1
 
 
-def test_corrupt_checkpoint_on_resume(fw, tmp_path):
+def test_corrupt_checkpoint_on_resume(fw, tmp_path, tmp_path_factory):
     ckpt = tmp_path / "ckpt"
-    train_job("single", digits(fw) + ["--epochs", "2", "--checkpoint-dir", ckpt])   # rank 0's files, as 2 ranks write
+    shutil.copytree(single_run(fw, tmp_path_factory)[1], ckpt)    # rank 0's files, as 2 ranks write
     older, newest = sorted(p for p in ckpt.iterdir() if p.name.startswith("ckpt-"))
     state = next(p.name for p in newest.iterdir() if p.name != "meta.json")
     before = hashlib.sha256((older / state).read_bytes()).hexdigest()
@@ -156,11 +180,6 @@ def test_horovod_built_without_the_framework(fw, tmp_path):
                timeout=120)
     one_line_error(proc, f"Horovod was built without {fw} support", f"toolkit build-horovod --frameworks {fw}")
 
-
-def test_writes_config_beside_checkpoints(fw, tmp_path):
-    train_job("single", digits(fw) + ["--epochs", "1", "--checkpoint-dir", tmp_path, "--lr", "0.07"])
-    proc = toolkit("config", "show", "--config", tmp_path / "config.yaml")
-    assert proc.returncode == 0 and "lr: 0.07" in proc.stdout and f"framework: {fw}" in proc.stdout
 
 
 def test_adasum_over_gloo_is_a_clear_error(fw):

@@ -5,7 +5,7 @@ check behaviour: identical replicas, bytes really reduced, exact resume, local S
 """
 import pytest
 
-from tests.test_distributed import baseline, digits, fw, max_diff, params  # noqa: F401  (fw is a fixture)
+from tests.test_distributed import baseline, digits, fw, interrupted_copy, max_diff, params  # noqa: F401  (fw is a fixture)
 from tests.conftest import TRAIN, one_line_error, run, train_job
 
 pytestmark = pytest.mark.distributed
@@ -21,7 +21,7 @@ def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
     values = sum(p.size for p in params(fw, tmp_path / "a").values())
     assert straight["bytes_sent_per_step"] <= values * 4 / 100 and straight["compression_ratio"] >= 100
     assert straight["accuracy"] > 0.6
-    train_job("gloo", common + ["--epochs", "1", "--checkpoint-dir", tmp_path / "b"])
+    interrupted_copy(tmp_path / "a", tmp_path / "b")
     assert any((p / "communication.npz").is_file() for p in (tmp_path / "b").iterdir())
     resumed = train_job("gloo", common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
     assert resumed["steps"] == straight["steps"]
