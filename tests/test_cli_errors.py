@@ -73,3 +73,9 @@ def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
     ours = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
     ambiguous = {f: sorted(o for o in theirs if o.startswith(f)) for f in ours if f not in theirs}
     assert {f: m for f, m in ambiguous.items() if len(m) > 1} == {}
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_wandb_asked_but_not_installed():
+    one_line_error(run(TRAIN + ["--wandb-project", "demo", "--epochs", "1"], timeout=60),
+                   "wandb_project='demo'", "pip install wandb")

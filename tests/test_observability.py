@@ -1,5 +1,6 @@
 """What a user sees and can inspect: progress bar on a terminal only, --quiet, Horovod's timeline."""
 import fcntl
+import json
 import os
 import pty
 import re
@@ -80,3 +81,48 @@ def test_horovod_settings_become_horovod_variables(monkeypatch, tmp_path, stall,
     assert env == {"HOROVOD_TIMELINE": str(tmp_path / "t" / "x.json"), "HOROVOD_FUSION_THRESHOLD": str(2 * 1024 * 1024),
                    "HOROVOD_CYCLE_TIME": "3.5", **expected}
     assert (tmp_path / "t").is_dir(), "Horovod does not create the timeline's folder"
+
+
+FAKE_WANDB = '''"""A stand-in with the slice of wandb's API the toolkit calls (init -> Run.log / Run.finish); it
+records the calls, so the test checks what rank 0 sends without an account or a network."""
+import json
+import os
+
+
+def _record(**call):
+    with open(os.environ["FAKE_WANDB_LOG"], "a") as f:
+        f.write(json.dumps(call) + "\\n")
+
+
+class Run:
+    def log(self, data, step=None):
+        _record(call="log", data=data, step=step)
+
+    def finish(self):
+        _record(call="finish")
+
+
+def init(project=None, config=None, dir=None):
+    _record(call="init", project=project, config=config, dir=dir)
+    return Run()
+'''
+
+
+@torch_only
+def test_weights_and_biases_when_installed_and_asked(tmp_path):
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "__init__.py").write_text(FAKE_WANDB)
+    calls_file = tmp_path / "calls.jsonl"
+    env = clean_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", FAKE_WANDB_LOG=str(calls_file))
+    out = summary(run(TRAIN + digits("torch") + ["--epochs", "2", "--wandb-project", "demo", "--quiet"], env=env))
+    calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
+    assert [c["call"] for c in calls] == ["init", "log", "log", "finish"]
+    assert calls[0]["project"] == "demo" and calls[0]["config"]["epochs"] == 2 and calls[0]["config"]["framework"] == "torch"
+    last = calls[2]
+    assert last["step"] == out["steps"] and last["data"]["epoch"] == 2
+    assert last["data"]["accuracy"] == pytest.approx(out["accuracy"])
+    assert {"loss", "test_loss", "lr", "samples_per_sec", "bytes_sent_per_step"} <= set(last["data"])
+    # without the key, wandb is never imported: the stand-in would have recorded an init
+    calls_file.unlink()
+    summary(run(TRAIN + digits("torch") + ["--epochs", "1", "--quiet"], env=env))
+    assert not calls_file.exists()

@@ -124,7 +124,9 @@ class Config:
     checkpoint_dir: Optional[str] = _f(None, "rank 0 writes checkpoints and config.yaml here")
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
     resume: bool = _f(False, "continue from the latest checkpoint in checkpoint_dir")
-    log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl here")
+    log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl and TensorBoard event files here")
+    wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
+                                            "(needs `pip install wandb`; unset = off)")
     fusion_threshold_mb: Optional[float] = _f(None, "Horovod tensor fusion buffer (MiB); unset = Horovod's")
     cycle_time_ms: Optional[float] = _f(None, "Horovod cycle time (ms); unset = Horovod's")
     timeline_file: Optional[str] = _f(None, "Horovod timeline file (JSON for chrome://tracing or Perfetto), "

@@ -1,31 +1,57 @@
-"""Per-epoch metrics from rank 0 into `log_dir`: `metrics.jsonl` (one JSON object a line) and
-TensorBoard event files (tensorboardX: a small writer with no TensorFlow dependency, so torch and
-MXNet users get TensorBoard too; `tensorboard --logdir <log_dir>` shows them)."""
+"""Per-epoch metrics from rank 0, one writer for every framework:
+
+- `log_dir`: `metrics.jsonl` (one JSON object a line) and TensorBoard event files (tensorboardX: a
+  small writer with no TensorFlow dependency, so torch and MXNet users get TensorBoard too;
+  `tensorboard --logdir <log_dir>` shows them);
+- `wandb_project`: the same scalars to Weights & Biases, when the user installed `wandb` (never
+  required: the toolkit does not install it, and without the key it is not imported).
+"""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
 
+def check(config: Config) -> None:
+    """On every rank before training: a missing optional writer stops all ranks with one line."""
+    if config.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ToolkitError(f"wandb_project={config.wandb_project!r} needs Weights & Biases, which is not "
+                           "installed; run `.venv/bin/pip install wandb`, or unset wandb_project")
+
+
 class MetricsLog:
-    def __init__(self, log_dir: str):
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError:
-            raise ToolkitError("log_dir writes TensorBoard files with tensorboardX, which is not installed; "
-                               "run `make setup` (or pip install tensorboardX==2.6.5), or drop log_dir") from None
-        self.folder = Path(log_dir)
-        self.writer = SummaryWriter(logdir=str(self.folder))
+    def __init__(self, config: Config):
+        self.folder, self.writer, self.wandb = None, None, None
+        if config.log_dir:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                raise ToolkitError("log_dir writes TensorBoard files with tensorboardX, which is not installed; "
+                                   "run `make setup` (or pip install tensorboardX==2.6.5), or drop log_dir") from None
+            self.folder = Path(config.log_dir)
+            self.writer = SummaryWriter(logdir=str(self.folder))
+        if config.wandb_project:
+            import wandb
+
+            self.wandb = wandb.init(project=config.wandb_project, config=config.to_dict(), dir=config.log_dir)
 
     def write(self, step: int, values: dict) -> None:
-        with open(self.folder / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **values}) + "\n")
-        for name, value in values.items():
-            if isinstance(value, (int, float)) and name != "epoch":
+        scalars = {k: v for k, v in values.items() if isinstance(v, (int, float)) and k != "epoch"}
+        if self.folder:
+            with open(self.folder / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, **values}) + "\n")
+            for name, value in scalars.items():
                 self.writer.add_scalar(name, value, global_step=step)
-        self.writer.flush()
+            self.writer.flush()
+        if self.wandb:
+            self.wandb.log({**scalars, "epoch": values.get("epoch")}, step=step)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer:
+            self.writer.close()
+        if self.wandb:
+            self.wandb.finish()

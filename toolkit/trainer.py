@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from toolkit import checkpoint, data as datasets, registry, schedule
+from toolkit import checkpoint, data as datasets, metrics as metrics_log, registry, schedule
 from toolkit.communication import Communication
-from toolkit.metrics import MetricsLog
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -85,6 +84,7 @@ def _evaluate(adapter, x, y) -> tuple[float, float]:
 def run(config: Config) -> dict:
     import numpy as np
 
+    metrics_log.check(config)
     adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
     topo = adapter.init(config)
     rank, size = topo.rank, topo.size
@@ -115,7 +115,7 @@ def run(config: Config) -> dict:
          config.quiet)
     samples, train_seconds = 0, 0.0
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
-    metrics = MetricsLog(config.log_dir) if rank == 0 and config.log_dir else None
+    metrics = metrics_log.MetricsLog(config) if rank == 0 and (config.log_dir or config.wandb_project) else None
     accuracy, lr = None, schedule.lr_at(config, world, step, spe)
     b, k = config.batch_size, config.accumulation_steps
     for epoch in range(step // spe, config.epochs):
