@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkit.commands import build_horovod, config as config_cmd, doctor, launch, setup, train
+from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, setup, train
 from toolkit.errors import ToolkitError
 
-COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train)
+COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench)
 
 
 def parser() -> argparse.ArgumentParser:

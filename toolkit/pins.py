@@ -28,6 +28,7 @@ TOOLS = {
     "scikit-learn": "1.9.1",    # ships the real 8x8 `digits` dataset, no download
     "tensorboardX": "2.6.5",    # TensorBoard event files without TensorFlow (log_dir)
     "tqdm": "4.70.1",           # rank 0's progress bar on a terminal
+    "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
     "setuptools": "84.2.1",

@@ -1,0 +1,51 @@
+"""`toolkit bench`: the statistics (pure), bad input, and a real 1- and 2-worker run with its files."""
+import json
+
+import pytest
+
+from tests.conftest import one_line_error, toolkit
+from tests.test_distributed import horovod_status
+from toolkit import bench
+
+
+def test_summary_and_efficiency_arithmetic():
+    one = bench.summarize({"rates": [[90.0, 110.0]]})
+    two = bench.summarize({"rates": [[80.0, 80.0], [70.0, 90.0]]})
+    assert one == pytest.approx({"workers": 1, "per_worker": 100.0, "spread": 1.96 * 10.0, "total": 100.0})
+    assert two["per_worker"] == pytest.approx(80.0) and two["total"] == pytest.approx(160.0)
+    rows = bench.with_efficiency([one, two])
+    assert [r["efficiency"] for r in rows] == pytest.approx([1.0, 0.8])
+    assert "| 2 | 80.0 +- " in bench.table(rows, samples_per_step=32)
+    assert bench.parse_np("2, 1,2") == [1, 2]
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--np", "0,2"], ["--np '0,2'", "at least 1"]),
+    (["--np", "two"], ["--np 'two'", "e.g. --np 1,2"]),
+    (["--iters", "0"], ["--iters 0"]),
+    (["--framework", "tensorflow", "--backend", "native"], ["examples/peers/mwms_tf_synthetic.py"]),
+    (["--batch-size", "0"], ["batch_size=0"]),
+])
+def test_bad_input(flags, needles, tmp_path):
+    one_line_error(toolkit("bench", "--out", str(tmp_path), *flags, timeout=60), *needles)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")
+def test_bench_measures_one_and_two_workers(tmp_path):
+    proc = toolkit("bench", "--np", "1,2", "--framework", "torch", "--features", "32", "--hidden-size", "32",
+                   "--warmup", "2", "--iters", "3", "--steps-per-iter", "4", "--compression", "fp16",
+                   "--accumulation-steps", "2", "--out", str(tmp_path), "--quiet", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = report["rows"]
+    assert [r["workers"] for r in rows] == [1, 2] and rows[0]["efficiency"] == 1.0
+    for r in rows:
+        raw = json.loads((tmp_path / f"np{r['np']}.json").read_text())["rates"]
+        assert len(raw) == r["workers"] and all(len(w) == 3 and min(w) > 0 for w in raw)
+        assert r["per_worker"] > 0 and r["total"] == pytest.approx(sum(sum(w) / 3 for w in raw))
+        assert r["path"].startswith("horovod.torch") and r["bytes_sent_per_step"] == 2 * r["parameters"]  # fp16
+    assert rows[1]["efficiency"] == pytest.approx(rows[1]["total"] / 2 / rows[0]["total"])
+    assert report["config"]["accumulation_steps"] == 2
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 1 | " in proc.stdout and "| 2 | " in proc.stdout and "efficiency" in proc.stdout

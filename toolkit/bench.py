@@ -1,0 +1,182 @@
+"""`toolkit bench`: the synthetic benchmark, in the manner of Horovod's own
+(`pytorch_synthetic_benchmark.py`): warm-up steps, then timed iterations of several steps each;
+samples/sec per worker (mean, +-1.96 std over iterations and workers), total, and scaling
+efficiency against the smallest world size, for a list of world sizes.
+
+Two halves. `measure()` runs on every rank of one launched job: the same adapter, `wrap()` and
+`Communication.step` the trainer uses, so the benchmark times the toolkit's real step, on one
+fixed random batch (no data loading, as in Horovod's script). `run()` is the parent: it launches
+one job per world size through toolkit.launch, reads each job's result file, prints the table and
+writes `bench.json` and `bench.png` (matplotlib, imported only there).
+
+A result file is `{"rates": [[samples/s of each timed iteration] per worker], ...}`; the peer
+scripts in examples/peers/ write the same shape, so `summarize()` reads both.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit import launch, registry
+from toolkit.config import Config
+from toolkit.errors import ToolkitError
+
+
+@dataclass(frozen=True)
+class Options:
+    features: int = 1024        # input width of the synthetic batch
+    classes: int = 10
+    warmup: int = 10            # untimed steps first (graph tracing, allocator, Horovod's first cycles)
+    iters: int = 10             # timed iterations ...
+    steps_per_iter: int = 10    # ... of this many optimizer steps each
+
+    def __post_init__(self):
+        for name in ("features", "classes", "iters", "steps_per_iter"):
+            if getattr(self, name) < 1:
+                raise ToolkitError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        if self.warmup < 0:
+            raise ToolkitError(f"--warmup {self.warmup}: must be 0 or more")
+
+
+def parse_np(text: str) -> list[int]:
+    """"1,2,4" -> [1, 2, 4]: distinct, ascending, each at least 1."""
+    try:
+        sizes = sorted({int(item) for item in text.split(",") if item.strip()})
+    except ValueError:
+        raise ToolkitError(f"--np {text!r}: expected world sizes separated by commas, e.g. --np 1,2") from None
+    if not sizes or sizes[0] < 1:
+        raise ToolkitError(f"--np {text!r}: world sizes must be at least 1, e.g. --np 1,2")
+    return sizes
+
+
+# -- on every rank -------------------------------------------------------------------------------
+
+def measure(config: Config, options: Options) -> dict | None:
+    """Time the toolkit's step on this rank; rank 0 returns every worker's rates, the others None."""
+    import numpy as np
+
+    from toolkit.communication import Communication
+
+    adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
+    topo = adapter.init(config)
+    adapter.build(config, options.features, options.classes)
+    adapter.wrap(config)
+    comm = Communication(config, adapter, topo.rank, topo.world_size)
+    adapter.broadcast()
+    rng = np.random.RandomState(config.seed + topo.rank)
+    n = config.batch_size * topo.replicas            # mirrored strategies: the replicas' batches, concatenated
+    batch = (rng.standard_normal((n, options.features)).astype(np.float32),
+             rng.randint(0, options.classes, n).astype(np.int64))
+    batches = [batch] * config.accumulation_steps
+    samples = config.batch_size * config.accumulation_steps * options.steps_per_iter   # per replica
+    step = 0
+    for _ in range(options.warmup):
+        comm.step(batches, step)
+        step += 1
+    rates = []
+    for _ in range(options.iters):
+        t0 = time.perf_counter()
+        for _ in range(options.steps_per_iter):
+            comm.step(batches, step)     # returns the loss as a float: the step has finished
+            step += 1
+        rates.append(samples / (time.perf_counter() - t0))
+    per_rank = adapter.allgather_object([rates] * topo.replicas, name="toolkit.bench.rates")
+    if topo.rank != 0:
+        return None
+    return {"rates": [r for ranks in per_rank for r in ranks], "path": comm.describe(adapter.path),
+            "device": topo.device, "parameters": comm.values, **comm.summary()}
+
+
+# -- in the parent -------------------------------------------------------------------------------
+
+def summarize(result: dict) -> dict:
+    """Per-worker mean samples/s, its 95% spread (1.96 std over iterations and workers), total, step time."""
+    flat = [r for worker in result["rates"] for r in worker]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((r - mean) ** 2 for r in flat) / len(flat))
+    workers = len(result["rates"])
+    total = sum(sum(w) / len(w) for w in result["rates"])
+    return {"workers": workers, "per_worker": mean, "spread": 1.96 * std, "total": total}
+
+
+def with_efficiency(rows: list[dict]) -> list[dict]:
+    """Scaling efficiency: total per worker against the smallest world size's (1 when it is in the list)."""
+    base = rows[0]["total"] / rows[0]["workers"]
+    return [dict(row, efficiency=(row["total"] / row["workers"]) / base) for row in rows]
+
+
+def table(rows: list[dict], samples_per_step: int) -> str:
+    lines = ["| workers | samples/s per worker | total samples/s | step ms | efficiency |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['workers']} | {r['per_worker']:,.1f} +- {r['spread']:,.1f} | {r['total']:,.1f} | "
+                     f"{1000 * samples_per_step / r['per_worker']:.2f} | {100 * r['efficiency']:.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")      # files only, no display
+    import matplotlib.pyplot as plt
+
+    sizes = [r["workers"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.errorbar(sizes, [r["total"] for r in rows], marker="o", label="total")
+    left.plot(sizes, [rows[0]["total"] / rows[0]["workers"] * n for n in sizes], "--", color="grey",
+              label="linear")
+    left.set(xlabel="workers", ylabel="samples/s", title="throughput", xticks=sizes)
+    left.legend()
+    right.plot(sizes, [100 * r["efficiency"] for r in rows], marker="o")
+    right.set(xlabel="workers", ylabel="% of linear", title="scaling efficiency", xticks=sizes, ylim=(0, 110))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def worker_command(config_file: Path, options: Options, result: Path) -> list[str]:
+    return [sys.executable, "-m", "toolkit", "bench", "--config", str(config_file),
+            "--features", str(options.features), "--classes", str(options.classes),
+            "--warmup", str(options.warmup), "--iters", str(options.iters),
+            "--steps-per-iter", str(options.steps_per_iter), "--worker-result", str(result)]
+
+
+def run(config: Config, options: Options, sizes: list[int], out: Path, controller: str | None,
+        timeout: float, extra_env: tuple[str, ...] = ()) -> list[dict]:
+    """One launched job per world size; the table on stdout, bench.json and bench.png in `out`."""
+    if config.backend.value == "native":
+        raise ToolkitError("toolkit bench times Horovod jobs; for TensorFlow's own strategies use "
+                           "examples/peers/mwms_tf_synthetic.py (see docs/BENCHMARKS.md)")
+    out.mkdir(parents=True, exist_ok=True)
+    config_file = out / "config.yaml"
+    config_file.write_text(config.to_yaml())
+    rows = []
+    for n in sizes:
+        result = out / f"np{n}.json"
+        result.unlink(missing_ok=True)
+        spec = launch.LaunchSpec(command=tuple(worker_command(config_file, options, result)), np=n,
+                                 controller=controller, env=extra_env)
+        code = launch.run(spec, timeout=timeout)
+        if code != 0 or not result.is_file():
+            raise ToolkitError(f"bench: the {n}-worker job exited with code {code}; its output is above")
+        measured = json.loads(result.read_text())
+        rows.append({**summarize(measured), "np": n, "path": measured["path"], "device": measured["device"],
+                     "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"]})
+    rows = with_efficiency(rows)
+    samples_per_step = config.batch_size * config.accumulation_steps
+    title = (f"{config.framework} {rows[0]['path']}, mlp {config.hidden_layers}x{config.hidden_size} on "
+             f"{options.features} features ({rows[0]['parameters'] / 1e6:.1f}M parameters), batch "
+             f"{config.batch_size} x {config.accumulation_steps}, compression {config.compression.value}, "
+             f"{controller or 'default'} controller, {rows[0]['device']}")
+    print(title)
+    print(table(rows, samples_per_step))
+    (out / "bench.json").write_text(json.dumps({"title": title, "config": config.to_dict(),
+                                                "options": options.__dict__, "rows": rows}, indent=1) + "\n")
+    plot(rows, title, out / "bench.png")
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return rows
