@@ -146,13 +146,17 @@ class TensorflowAdapter(Adapter):
         weight_decay = self.weight_decay
         reduce = hvd.size() > 1 and not config.toolkit_exchange
 
-        @tf.function
-        def local_gradients(x, y, scale):
-            with tf.GradientTape() as tape:
-                loss = self.loss_fn(y, self.model(x, training=True)) * scale
-            return loss, tape.gradient(loss, [v.value for v in variables])
+        def summed_gradients(batches):
+            """Mean loss and gradients over the micro-batches (a tuple of (x, y): unrolled in the graph)."""
+            total, summed = 0.0, None
+            for x, y in batches:
+                with tf.GradientTape() as tape:
+                    loss = self.loss_fn(y, self.model(x, training=True)) / len(batches)
+                grads = tape.gradient(loss, [v.value for v in variables])
+                summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
+                total += loss
+            return total, summed
 
-        @tf.function
         def apply(grads):
             if reduce:
                 grads = allreduce_gradients(hvd, grads, op, compression)
@@ -160,7 +164,15 @@ class TensorflowAdapter(Adapter):
                 grads = [g + weight_decay * v.value for g, v in zip(grads, variables)]
             self.optimizer.apply_gradients(zip(grads, variables))
 
-        self._local_gradients, self._apply = local_gradients, apply
+        def step(batches):
+            loss, grads = summed_gradients(batches)
+            apply(grads)
+            return loss
+
+        # One graph call per optimizer step (gradients, allreduce and update together, as Horovod's
+        # own TF2 examples do); traced once per micro-batch count and shape.
+        self._step, self._local_gradients, self._apply = (tf.function(step), tf.function(summed_gradients),
+                                                          tf.function(apply))
 
     def broadcast(self) -> None:
         hvd = self.hvd
@@ -170,23 +182,16 @@ class TensorflowAdapter(Adapter):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate = lr
 
-    def _summed_gradients(self, batches):
-        scale = tf.constant(1.0 / len(batches))
-        total, summed = 0.0, None
-        for x, y in batches:
-            loss, grads = self._local_gradients(tf.constant(x), tf.constant(y), scale)
-            summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
-            total += float(loss)
-        return total, summed
+    @staticmethod
+    def _tensors(batches) -> tuple:
+        return tuple((tf.constant(x), tf.constant(y)) for x, y in batches)
 
     def train_step(self, batches) -> float:
-        loss, grads = self._summed_gradients(batches)
-        self._apply(grads)
-        return loss
+        return float(self._step(self._tensors(batches)))
 
     def local_gradients(self, batches):
-        loss, grads = self._summed_gradients(batches)
-        return loss, [g.numpy() for g in grads]
+        loss, grads = self._local_gradients(self._tensors(batches))
+        return float(loss), [g.numpy() for g in grads]
 
     def apply_gradients(self, grads) -> None:
         self._apply([tf.constant(g) for g in grads])
