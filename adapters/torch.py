@@ -79,14 +79,17 @@ class TorchAdapter(Adapter):
 
     def _backward(self, batches) -> float:
         """Gradients of the mean loss over the micro-batches, in .grad."""
-        self.model.train()
+        if not self.model.training:      # evaluate() left it in eval mode (train() walks every module)
+            self.model.train()
         self.optimizer.zero_grad()
-        total = torch.zeros((), device=self.device)
+        total = None
         for x, y in batches:
             xt, yt = self._tensors(x, y)
-            loss = F.cross_entropy(self.model(xt), yt) / len(batches)
+            loss = F.cross_entropy(self.model(xt), yt)
+            if len(batches) > 1:
+                loss = loss / len(batches)
             loss.backward()
-            total += loss.detach()
+            total = loss.detach() if total is None else total + loss.detach()
         return float(total)
 
     def train_step(self, batches) -> float:
