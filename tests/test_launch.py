@@ -2,6 +2,7 @@
 import json
 import os
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -133,3 +134,80 @@ def test_cli_native_dry_run_sets_framework_and_backend():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("TOOLKIT_BACKEND=native TOOLKIT_FRAMEWORK=tensorflow" in ln for ln in lines)
+
+
+def test_hostfile_formats_and_errors(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# cluster\nnode1 slots=4\nnode2:2   # a comment\n\nnode3 slots=1 max_slots=8\n")
+    assert launch.read_hostfile(str(f)) == "node1:4,node2:2,node3:1"
+    f.write_text("node1 gpus=4\n")
+    with pytest.raises(ToolkitError, match=r"line 1: 'gpus=4' not understood"):
+        launch.read_hostfile(str(f))
+    f.write_text("# nothing\n")
+    with pytest.raises(ToolkitError, match="no hosts"):
+        launch.read_hostfile(str(f))
+    one_line_error(toolkit("launch", "-np", "2", "--hostfile", tmp_path / "missing", "--", "true"), "--hostfile", "not found")
+
+
+def test_ssh_options_reach_every_launcher(tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("key")
+    common = dict(command=CMD, np=2, hosts="a:1,b:1", ssh_port=2222, ssh_identity_file=str(key))
+    argv, _ = launch.plan(launch.LaunchSpec(**common), environ={})
+    assert argv[argv.index("--ssh-port") + 1] == "2222" and argv[argv.index("--ssh-identity-file") + 1] == str(key)
+    argv, _ = launch.plan(launch.LaunchSpec(**common, launcher="mpirun"), environ={})
+    assert argv[argv.index("plm_rsh_args") + 1] == f"-p 2222 -i {key}"
+    workers = launch.plan_workers(launch.LaunchSpec(**common, launcher="tf_config"), environ={})
+    assert all(argv[3:7] == ["-p", "2222", "-i", str(key)] for argv, _ in workers)
+    with pytest.raises(ToolkitError, match="--ssh-port 70000"):
+        launch.LaunchSpec(command=CMD, ssh_port=70000)
+    with pytest.raises(ToolkitError, match="--ssh-identity-file .* not found"):
+        launch.LaunchSpec(command=CMD, ssh_identity_file=str(tmp_path / "nope"))
+
+
+def test_tuning_flags_become_horovod_variables_for_every_rank():
+    proc = toolkit("launch", "-np", "2", "--launcher", "mpirun", "--fusion-threshold-mb", "32", "--cycle-time-ms",
+                   "2.5", "--autotune", "--timeline-filename", "t.json", "--dry-run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout
+    assert f"HOROVOD_FUSION_THRESHOLD={32 * 1024 * 1024}" in line and "HOROVOD_CYCLE_TIME=2.5" in line
+    assert "HOROVOD_AUTOTUNE=1" in line and f"HOROVOD_TIMELINE={os.path.abspath('t.json')}" in line
+    assert "-x HOROVOD_FUSION_THRESHOLD" in line      # mpirun forwards them
+    one_line_error(toolkit("launch", "-np", "2", "--cycle-time-ms", "0", "--", "true"), "--cycle-time-ms 0")
+
+
+def test_emit_slurm_script():
+    proc = toolkit("launch", "-np", "8", "-H", "n1:4,n2:4", "--emit", "slurm", "--gpus", "--timeout", "5400",
+                   "--env", "TOOLKIT_EPOCHS=3", "--framework", "torch", "--", "python", "examples/train.py", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    sbatch = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines() if line.startswith("#SBATCH"))
+    assert sbatch == {"job-name": "toolkit", "nodes": "2", "ntasks": "8", "ntasks-per-node": "4",
+                      "time": "01:30:00", "gpus-per-node": "4"}
+    assert "export TOOLKIT_EPOCHS=3" in script and "export TOOLKIT_FRAMEWORK=torch" in script
+    assert script.rstrip().splitlines()[-1] == ("srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none "
+                                                "python examples/train.py --lr 0.1")
+    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=10)
+    assert syntax.returncode == 0, syntax.stderr
+    one_line_error(toolkit("launch", "-np", "3", "-H", "n1:2,n2:1", "--emit", "slurm", "--", "true"),
+                   "different slot counts")
+
+
+def test_emit_mpijob_manifest():
+    import yaml
+    proc = toolkit("launch", "-np", "4", "-H", "n1:2,n2:2", "--emit", "mpijob", "--image", "example/toolkit:cpu",
+                   "--gpus", "--timeout", "600", "--env", "TOOLKIT_EPOCHS=3", "--", "python", "examples/train.py")
+    assert proc.returncode == 0, proc.stderr
+    job = yaml.safe_load(proc.stdout)
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    spec = job["spec"]
+    assert spec["slotsPerWorker"] == 2 and spec["runPolicy"]["activeDeadlineSeconds"] == 600
+    launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    worker = spec["mpiReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 2 and spec["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    command = launcher["command"]
+    assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "4"] and command[-2:] == ["python", "examples/train.py"]
+    assert {"name": "TOOLKIT_EPOCHS", "value": "3"} in launcher["env"] and "TOOLKIT_EPOCHS" in command
+    assert "&id" not in proc.stdout
+    one_line_error(toolkit("launch", "-np", "2", "--emit", "mpijob", "--", "true"), "--image")

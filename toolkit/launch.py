@@ -39,6 +39,8 @@ class LaunchSpec:
     start_timeout: int = 60              # seconds for all ranks to start (horovodrun)
     network_interface: Optional[str] = None
     env: tuple[str, ...] = ()            # extra KEY=VALUE for every rank
+    ssh_port: Optional[int] = None       # for ranks on other hosts
+    ssh_identity_file: Optional[str] = None
     extra: tuple[str, ...] = field(default=())   # passed to the launcher verbatim
 
     def __post_init__(self):
@@ -65,6 +67,16 @@ class LaunchSpec:
         for item in self.env:
             if "=" not in item:
                 raise ToolkitError(f"--env {item!r}: expected KEY=VALUE")
+        if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
+            raise ToolkitError(f"--ssh-port {self.ssh_port}: expected a TCP port, 1-65535")
+        if self.ssh_identity_file is not None and not os.path.isfile(self.ssh_identity_file):
+            raise ToolkitError(f"--ssh-identity-file {self.ssh_identity_file}: file not found; give the private key "
+                               "that opens ssh on the other hosts")
+
+    def ssh_options(self) -> list[str]:
+        """ssh's own options for -p / -i (mpirun's plm_rsh_args and the tf_config launcher)."""
+        return ((["-p", str(self.ssh_port)] if self.ssh_port else []) +
+                (["-i", self.ssh_identity_file] if self.ssh_identity_file else []))
 
 
 def parse_hosts(hosts: str) -> list[tuple[str, int]]:
@@ -87,6 +99,55 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
 
 def total_slots(hosts: str) -> int:
     return sum(slots for _, slots in parse_hosts(hosts))
+
+
+def read_hostfile(path: str) -> str:
+    """A hostfile (`host slots=N` as mpirun and horovodrun write it, or `host:N`, or `host`; `#`
+    comments) as the -H string "host:N,...", so every launcher and recipe reads one format."""
+    if not os.path.isfile(path):
+        raise ToolkitError(f"--hostfile {path}: file not found; check the path")
+    hosts = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            name, slots = words[0], "1"
+            if ":" in name:
+                name, slots = name.split(":", 1)
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                if key not in ("slots", "max_slots", "max-slots") or not value:
+                    raise ToolkitError(f"--hostfile {path}, line {number}: {word!r} not understood; write "
+                                       f"`{name} slots=N` or `{name}:N`")
+                if key == "slots":
+                    slots = value
+            hosts.append(f"{name}:{slots}")
+    if not hosts:
+        raise ToolkitError(f"--hostfile {path}: no hosts in it; write one `host slots=N` a line")
+    text = ",".join(hosts)
+    parse_hosts(text)       # the same checks as -H
+    return text
+
+
+def tuning_env(fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
+               autotune: bool = False, timeline: Optional[str] = None) -> tuple[str, ...]:
+    """Horovod's tuning as the variables every rank reads (works under horovodrun and mpirun alike;
+    the same config keys in a rank's own config override them)."""
+    env = []
+    if fusion_threshold_mb is not None:
+        if fusion_threshold_mb < 0:
+            raise ToolkitError(f"--fusion-threshold-mb {fusion_threshold_mb:g}: must be 0 (fusion off) or more")
+        env.append(f"HOROVOD_FUSION_THRESHOLD={int(fusion_threshold_mb * 1024 * 1024)}")
+    if cycle_time_ms is not None:
+        if cycle_time_ms <= 0:
+            raise ToolkitError(f"--cycle-time-ms {cycle_time_ms:g}: must be more than 0")
+        env.append(f"HOROVOD_CYCLE_TIME={cycle_time_ms:g}")
+    if autotune:
+        env.append("HOROVOD_AUTOTUNE=1")
+    if timeline:
+        env.append(f"HOROVOD_TIMELINE={os.path.abspath(timeline)}")
+    return tuple(env)
 
 
 def _is_root() -> bool:
@@ -120,6 +181,10 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
             argv.append(f"--{spec.controller}")
         if spec.network_interface:
             argv += ["--network-interface", spec.network_interface]
+        if spec.ssh_port:
+            argv += ["--ssh-port", str(spec.ssh_port)]
+        if spec.ssh_identity_file:
+            argv += ["--ssh-identity-file", spec.ssh_identity_file]
     else:
         argv = ["mpirun"]
         if _is_root():
@@ -128,6 +193,8 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
                  "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
         if spec.network_interface:
             argv += ["-mca", "btl_tcp_if_include", spec.network_interface]
+        if spec.ssh_options():
+            argv += ["-mca", "plm_rsh_args", " ".join(spec.ssh_options())]
         for name in _passed_names(env):
             argv += ["-x", name]
     return argv + list(spec.extra) + list(spec.command), env
@@ -160,7 +227,7 @@ def plan_workers(spec: LaunchSpec, environ: Mapping[str, str] | None = None,
             line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env"] +
                             [f"{k}={shlex.quote(env[k])}" for k in sorted(set(names))] +
                             [shlex.quote(a) for a in argv])
-            argv = ["ssh", "-o", "BatchMode=yes", host, line]
+            argv = ["ssh", "-o", "BatchMode=yes", *spec.ssh_options(), host, line]
         out.append((argv, env))
     return out
 

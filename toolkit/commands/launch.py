@@ -6,10 +6,12 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("launch", help="start a command on N ranks via horovodrun or mpirun",
-                       usage="toolkit launch -np N [-H host:slots,...] [--gloo|--mpi] [--framework F] "
-                             "[--backend horovod|native] [--dry-run] -- COMMAND ...")
+                       usage="toolkit launch -np N [-H host:slots,...|--hostfile FILE] [--gloo|--mpi] [--framework F] "
+                             "[--backend horovod|native] [--dry-run|--emit slurm|mpijob] -- COMMAND ...")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
-    p.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
+    hosts = p.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
+    hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")
     p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config"),
                    help="default horovodrun; tf_config with --backend native")
     p.add_argument("--framework", default=None, help="sets TOOLKIT_FRAMEWORK for the ranks (unless set)")
@@ -19,10 +21,21 @@ def register(sub) -> None:
     ctl.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="Gloo controller")
     ctl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="MPI controller")
     p.add_argument("--network-interface", default=None, help="NIC for rank traffic, e.g. lo or eth0")
+    p.add_argument("--ssh-port", type=int, default=None, help="ssh port of the other hosts")
+    p.add_argument("--ssh-identity-file", default=None, help="private key for ssh to the other hosts")
+    tune = p.add_argument_group("Horovod tuning (as HOROVOD_* variables for every rank)")
+    tune.add_argument("--fusion-threshold-mb", type=float, default=None, help="tensor fusion buffer, MiB (0: off)")
+    tune.add_argument("--cycle-time-ms", type=float, default=None, help="background cycle time, ms")
+    tune.add_argument("--autotune", action="store_true", help="Horovod's autotuner (HOROVOD_AUTOTUNE=1)")
+    tune.add_argument("--timeline-filename", default=None, help="Horovod timeline file (rank 0 writes it)")
     p.add_argument("--start-timeout", type=int, default=60, help="seconds for all ranks to start (default 60)")
     p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    p.add_argument("--emit", default=None, choices=("slurm", "mpijob"),
+                   help="print the same launch as an sbatch script or a Kubeflow MPIJob manifest, run nothing")
+    p.add_argument("--image", default=None, help="--emit mpijob: the container image of every pod")
+    p.add_argument("--gpus", action="store_true", help="--emit: ask for one GPU per slot")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(func=run)
 
@@ -45,9 +58,20 @@ def run(args) -> int:
             args.backend not in registry.spec(args.framework).backends:
         raise ToolkitError(f"--backend {args.backend} is not available for --framework {args.framework}; "
                            f"use one of: {', '.join(registry.spec(args.framework).backends)}")
-    spec = launch.LaunchSpec(command=tuple(command), np=args.np, hosts=args.hosts, launcher=launcher,
+    env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_filename)
+    hosts = launch.read_hostfile(args.hostfile) if args.hostfile else args.hosts
+    spec = launch.LaunchSpec(command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
                              controller=args.controller, start_timeout=args.start_timeout,
-                             network_interface=args.network_interface, env=tuple(env))
+                             network_interface=args.network_interface, env=tuple(env),
+                             ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file)
+    if args.emit:
+        from toolkit import recipes
+        if args.emit == "slurm":
+            sys.stdout.write(recipes.slurm(spec, args.timeout, args.gpus))
+        else:
+            import yaml
+            sys.stdout.write(yaml.safe_dump(recipes.mpijob(spec, args.image, args.timeout, args.gpus), sort_keys=False))
+        return 0
     if args.dry_run:
         plans = launch.plan_workers(spec) if launcher == "tf_config" else [launch.plan(spec)]
         for argv, env in plans:

@@ -1,0 +1,97 @@
+"""`toolkit launch --emit slurm|mpijob`: the same launch as a cluster recipe, printed, not run.
+
+- slurm: an sbatch script; `srun` starts one task per slot (Horovod finds its MPI rank through
+  PMIx), with the job's environment exported, and the whole step stops when one rank fails.
+- mpijob: a Kubeflow MPI Operator (v2beta1) manifest: one launcher pod running `mpirun` and one
+  worker pod per node, all from `--image`; one GPU per slot with `--gpus`.
+
+Nodes and slots per node come from -H / --hostfile (every host must have the same slots) or, without
+them, one node with -np slots. Pure functions of the LaunchSpec: unit-tested, no cluster needed.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Optional
+
+from toolkit.errors import ToolkitError
+from toolkit.launch import LaunchSpec, parse_hosts
+
+EMITS = ("slurm", "mpijob")
+
+
+def nodes_and_slots(spec: LaunchSpec) -> tuple[int, int]:
+    if not spec.hosts:
+        return 1, spec.np
+    slots = {n for _, n in parse_hosts(spec.hosts)}
+    if len(slots) != 1:
+        raise ToolkitError(f"--emit: hosts {spec.hosts} have different slot counts; a cluster recipe asks for "
+                           "the same slots on every node: give every host the same slots")
+    per_node = slots.pop()
+    return math.ceil(spec.np / per_node), per_node
+
+
+def _time(seconds: Optional[float]) -> str:
+    seconds = int(seconds or 3600)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False, name: str = "toolkit") -> str:
+    nodes, per_node = nodes_and_slots(spec)
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={name}",
+             f"#SBATCH --nodes={nodes}",
+             f"#SBATCH --ntasks={spec.np}",
+             f"#SBATCH --ntasks-per-node={per_node}",
+             f"#SBATCH --time={_time(timeout)}"]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={per_node}")
+    lines += ["# Made by `toolkit launch --emit slurm`. One task per slot; each rank pins the GPU of its",
+              "# local rank. Without PMIx in your Slurm, replace the srun line with:",
+              f"#   mpirun -np {spec.np} -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH "
+              + " ".join(shlex.quote(a) for a in spec.command),
+              "set -euo pipefail"]
+    lines += [f"export {shlex.quote(item.split('=', 1)[0])}={shlex.quote(item.split('=', 1)[1])}" for item in spec.env]
+    lines.append("export PYTHONUNBUFFERED=1")
+    if spec.network_interface:
+        lines.append(f"export HOROVOD_GLOO_IFACE={shlex.quote(spec.network_interface)}"
+                     f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
+    lines.append("srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none "
+                 + " ".join(shlex.quote(a) for a in spec.command))
+    return "\n".join(lines) + "\n"
+
+
+def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = None, gpus: bool = False,
+           name: str = "toolkit") -> dict:
+    """The manifest as a dict (the CLI prints it as YAML)."""
+    if not image:
+        raise ToolkitError("--emit mpijob needs --image IMAGE: the image every pod runs (docker/build.sh makes one)")
+    nodes, per_node = nodes_and_slots(spec)
+    env = [{"name": k, "value": v} for k, v in (item.split("=", 1) for item in spec.env)]
+    env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+    mpirun = ["mpirun", "--allow-run-as-root", "-np", str(spec.np), "-bind-to", "none", "-map-by", "slot"]
+    for item in env:
+        mpirun += ["-x", item["name"]]
+    if spec.network_interface:
+        mpirun += ["-mca", "btl_tcp_if_include", spec.network_interface]
+    worker = {"name": "worker", "image": image, "env": [dict(e) for e in env]}   # copies: no YAML anchors
+    if gpus:
+        worker["resources"] = {"limits": {"nvidia.com/gpu": per_node}}
+    run_policy = {"cleanPodPolicy": "Running", "backoffLimit": 0}
+    if timeout:
+        run_policy["activeDeadlineSeconds"] = int(timeout)
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": name},
+        "spec": {
+            "slotsPerWorker": per_node,
+            "runPolicy": run_policy,
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"spec": {"containers": [
+                    {"name": "launcher", "image": image, "env": env, "command": mpirun + list(spec.command)}]}}},
+                "Worker": {"replicas": nodes, "template": {"spec": {"containers": [worker]}}},
+            },
+        },
+    }
