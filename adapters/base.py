@@ -45,11 +45,21 @@ def import_horovod(module: str, framework: str):
         raise ToolkitError(f"cannot import {module}: {text}; run `toolkit doctor` for the fix") from None
 
 
-def apply_horovod_tuning(config) -> None:
+# Horovod's fusion buffer when training on CPUs and nobody chose one: Horovod's 128 MiB copies every
+# gradient into the buffer and back; on CPU cores that copying costs more than the one fused
+# operation saves once tensors are a few MiB (docs/BENCHMARKS.md, "fusion": torch, 10.5M-parameter
+# MLP, 2 ranks: 128 -> 4 MiB was ~1.4x the throughput over Gloo and 1.0-1.1x over MPI).
+CPU_FUSION_THRESHOLD_MB = 4
+
+
+def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
     """Fusion threshold, cycle time, timeline and stall check from the config, set before
-    `hvd.init()` reads them (Horovod's own environment variables, so horovodrun's flags agree)."""
+    `hvd.init()` reads them (Horovod's own environment variables, so horovodrun's flags agree).
+    `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
     if config.fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
+    elif default_fusion_mb is not None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(default_fusion_mb * 1024 * 1024))
     if config.cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
     if config.timeline_file:
@@ -76,9 +86,9 @@ def threads_per_rank(local_size: int | None = None) -> int:
     return max(1, (os.cpu_count() or 1) // (local_size or launcher_local_size()))
 
 
-def start_horovod(config, module: str, framework: str):
+def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None):
     """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every adapter's start."""
-    apply_horovod_tuning(config)
+    apply_horovod_tuning(config, default_fusion_mb)
     hvd = import_horovod(module, framework)
     hvd.init()
     check_op(hvd, config)

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.base import Adapter, Topology, require_gpu_if_asked, start_horovod, threads_per_rank
+from adapters.base import (CPU_FUSION_THRESHOLD_MB, Adapter, Topology, require_gpu_if_asked, start_horovod,
+                           threads_per_rank)
 from toolkit.config import Compression, Config, Model, Op, Optimizer
 
 STATE_FILE = "state.pt"
@@ -32,9 +33,11 @@ class TorchAdapter(Adapter):
     path = "horovod.torch DistributedOptimizer"
 
     def init(self, config: Config) -> Topology:
-        self.hvd = hvd = start_horovod(config, "horovod.torch", "torch")
-        torch.set_num_threads(threads_per_rank())
         has_gpu = torch.cuda.is_available()
+        # measured on torch only (docs/BENCHMARKS.md); GPUs keep Horovod's default for NCCL
+        self.hvd = hvd = start_horovod(config, "horovod.torch", "torch",
+                                       default_fusion_mb=None if has_gpu else CPU_FUSION_THRESHOLD_MB)
+        torch.set_num_threads(threads_per_rank())
         require_gpu_if_asked(has_gpu)
         if has_gpu:
             torch.cuda.set_device(hvd.local_rank())

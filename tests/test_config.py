@@ -86,6 +86,8 @@ def test_roundtrip_through_yaml(tmp_path, values):
      ["num_devices", "-np"]),
     ({"framework": "tensorflow", "backend": "native", "num_devices": "0"}, ["num_devices=0", "--num-devices"]),
     ({"stall_check_seconds": "-1"}, ["stall_check_seconds=-1.0", ">= 0", "--stall-check-seconds"]),
+    ({"fusion_threshold_mb": "-1"}, ["fusion_threshold_mb=-1.0", "0 turns fusion off"]),
+    ({"cycle_time_ms": "0"}, ["cycle_time_ms=0.0", "must be > 0"]),
     ({"framework": "tensorflow", "backend": "native", "timeline_file": "t.json"},
      ["timeline_file is a Horovod setting", "backend=native", "--backend horovod"]),
     # communication (issue 5)

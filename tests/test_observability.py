@@ -126,3 +126,20 @@ def test_weights_and_biases_when_installed_and_asked(tmp_path):
     calls_file.unlink()
     summary(run(TRAIN + digits("torch") + ["--epochs", "1", "--quiet"], env=env))
     assert not calls_file.exists()
+
+
+def test_cpu_fusion_default_only_when_nobody_chose(monkeypatch):
+    from adapters.base import CPU_FUSION_THRESHOLD_MB, apply_horovod_tuning
+    from toolkit import config
+    mib = 1024 * 1024
+    for environ, fields, expected in [({}, {}, str(CPU_FUSION_THRESHOLD_MB * mib)),     # the CPU default
+                                      ({"HOROVOD_FUSION_THRESHOLD": "123"}, {}, "123"),  # horovodrun's flag wins
+                                      ({}, {"fusion_threshold_mb": "0"}, "0")]:          # the config wins
+        env = dict(environ)
+        monkeypatch.setattr(os, "environ", env)
+        apply_horovod_tuning(config.resolve(fields, environ={}), default_fusion_mb=CPU_FUSION_THRESHOLD_MB)
+        assert env["HOROVOD_FUSION_THRESHOLD"] == expected
+    env = {}
+    monkeypatch.setattr(os, "environ", env)
+    apply_horovod_tuning(config.resolve({}, environ={}))      # GPUs: Horovod's own default
+    assert "HOROVOD_FUSION_THRESHOLD" not in env

@@ -127,7 +127,8 @@ class Config:
     log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl and TensorBoard event files here")
     wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
                                             "(needs `pip install wandb`; unset = off)")
-    fusion_threshold_mb: Optional[float] = _f(None, "Horovod tensor fusion buffer (MiB); unset = Horovod's")
+    fusion_threshold_mb: Optional[float] = _f(None, "Horovod tensor fusion buffer (MiB; 0 = no fusion); "
+                                                    "unset = Horovod's (128)")
     cycle_time_ms: Optional[float] = _f(None, "Horovod cycle time (ms); unset = Horovod's")
     timeline_file: Optional[str] = _f(None, "Horovod timeline file (JSON for chrome://tracing or Perfetto), "
                                        "written by rank 0 (HOROVOD_TIMELINE)")
@@ -148,10 +149,11 @@ class Config:
         for name in ("weight_decay", "warmup_epochs"):
             if getattr(self, name) < 0:
                 _bad(name, getattr(self, name), "must be >= 0", example="0")
-        for name in ("fusion_threshold_mb", "cycle_time_ms"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                _bad(name, value, "must be > 0, or unset for Horovod's default", example="64")
+        if self.fusion_threshold_mb is not None and self.fusion_threshold_mb < 0:
+            _bad("fusion_threshold_mb", self.fusion_threshold_mb, "must be >= 0 (0 turns fusion off), or unset "
+                 "for Horovod's default", example="64")
+        if self.cycle_time_ms is not None and not self.cycle_time_ms > 0:
+            _bad("cycle_time_ms", self.cycle_time_ms, "must be > 0, or unset for Horovod's default", example="5")
         self._check_communication()
         if self.stall_check_seconds is not None and self.stall_check_seconds < 0:
             _bad("stall_check_seconds", self.stall_check_seconds, "must be >= 0 (0 turns the check off)",

@@ -1,0 +1,44 @@
+"""(c) torch DistributedDataParallel under torchrun (gloo on CPU, nccl on GPU), no Horovod, no toolkit.
+
+    torchrun --nproc-per-node 2 examples/peers/ddp_torch_synthetic.py [--fp16-allreduce]
+"""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from common import arguments, threads, time_steps, write
+
+args = arguments(__doc__)
+dist.init_process_group("gloo")
+rank, local_size = dist.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
+torch.set_num_threads(threads(local_size))
+torch.manual_seed(rank)
+
+layers, width = [], args.features
+for _ in range(args.hidden_layers):
+    layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
+    width = args.hidden_size
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes)))
+if args.fp16_allreduce:
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+data = torch.randn(args.batch_size, args.features)
+target = torch.randint(0, args.classes, (args.batch_size,))
+
+
+def step():
+    optimizer.zero_grad()
+    F.cross_entropy(model(data), target).backward()
+    optimizer.step()
+
+
+rates = time_steps(args, step)
+everyone = [None] * dist.get_world_size()
+dist.all_gather_object(everyone, rates)
+if rank == 0:
+    write(args, everyone)
+dist.destroy_process_group()

@@ -1,0 +1,229 @@
+"""The toolkit against its peers, and the Horovod tuning attempts, on one model; tables into docs/BENCHMARKS.md.
+
+    .venv/bin/python examples/peers_bench.py                     # both tables, 2 workers, written to the doc
+    .venv/bin/python examples/peers_bench.py --suite peers --repeats 1 --no-write
+    .venv/bin/python examples/peers_bench.py --suite overhead -np 1 --features 64 --hidden-size 64 --hidden-layers 1 --repeats 5
+
+Every row times the same MLP (`--features` inputs, `--hidden-layers` x `--hidden-size`, 10 classes),
+the same batch per worker and the same loop (warm-up steps, then timed iterations of several steps
+on one fixed random batch), on `-np` workers with this host's cores shared between them. Rows run
+in turns (`--repeats` rounds, so drift of the machine hits every row alike) and each row reports
+the median over its rounds of the per-worker mean samples/sec.
+
+- peers: (a) `toolkit bench` per framework, (b) a plain Horovod script (examples/peers/, no toolkit
+  code), (c) torch DDP under torchrun, (d) TF MultiWorkerMirroredStrategy, (e) plain Horovod MXNet,
+  plus a plain Horovod TensorFlow script; the ratio column is throughput / (b)'s.
+- tuning: the toolkit's torch step with each Horovod setting tried, against torch DDP in the same run.
+- overhead: each framework's toolkit step against the plain Horovod script doing the same step (run it
+  with one worker and a tiny model to see the per-step cost alone).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from toolkit.bench import summarize  # noqa: E402
+
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+PEERS = ROOT / "examples" / "peers"
+BIN = Path(sys.executable).parent
+
+
+def toolkit(framework: str, controller: str = "gloo", flags: tuple = (), env: tuple = ()):
+    def argv(a, out):
+        extra = [f for item in env for f in ("--env", item)]
+        return [str(BIN / "toolkit"), "bench", "--np", str(a.np), f"--{controller}", "--framework", framework,
+                *common(a), "--out", str(out), "--quiet", *extra, *flags], out / f"np{a.np}.json"
+    return argv
+
+
+def common(a) -> list[str]:
+    return ["--features", str(a.features), "--hidden-size", str(a.hidden_size), "--hidden-layers",
+            str(a.hidden_layers), "--batch-size", str(a.batch_size), "--warmup", str(a.warmup),
+            "--iters", str(a.iters), "--steps-per-iter", str(a.steps_per_iter)]
+
+
+def horovodrun(script: str, controller: str = "gloo"):
+    def argv(a, out):
+        return [str(BIN / "horovodrun"), "-np", str(a.np), "-H", f"localhost:{a.np}", f"--{controller}",
+                sys.executable, str(PEERS / script), *common(a), "--result", str(out / "r.json")], out / "r.json"
+    return argv
+
+
+def torchrun(script: str):
+    def argv(a, out):
+        return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(a.np), str(PEERS / script),
+                *common(a), "--result", str(out / "r.json")], out / "r.json"
+    return argv
+
+
+def tf_native(script: str):
+    def argv(a, out):
+        return [str(BIN / "toolkit"), "launch", "--backend", "native", "-np", str(a.np), "--timeout", "600", "--",
+                sys.executable, str(PEERS / script), *common(a), "--result", str(out / "r.json")], out / "r.json"
+    return argv
+
+
+# (key, label, how to run it, the key of the row its ratio is taken against)
+PEER_ROWS = [
+    ("b", "(b) plain Horovod script, torch, Gloo", horovodrun("horovod_torch_synthetic.py"), "b"),
+    ("a", "(a) toolkit bench, torch, Gloo", toolkit("torch"), "b"),
+    ("b-mpi", "(b) plain Horovod script, torch, MPI", horovodrun("horovod_torch_synthetic.py", "mpi"), "b"),
+    ("a-mpi", "(a) toolkit bench, torch, MPI", toolkit("torch", "mpi"), "b"),
+    ("c", "(c) torch DDP, torchrun, Gloo", torchrun("ddp_torch_synthetic.py"), "b"),
+    ("a-tf", "(a) toolkit bench, TensorFlow (Keras 3), Gloo", toolkit("tensorflow"), "b"),
+    ("tf", "plain Horovod script, TensorFlow (Keras 3), Gloo", horovodrun("horovod_tf_synthetic.py"), "b"),
+    ("d", "(d) TF MultiWorkerMirroredStrategy (ring)", tf_native("mwms_tf_synthetic.py"), "b"),
+    ("a-mx", "(a) toolkit bench, MXNet, Gloo", toolkit("mxnet"), "b"),
+    ("e", "(e) plain Horovod script, MXNet, Gloo", horovodrun("horovod_mxnet_synthetic.py"), "b"),
+]
+
+TUNING_ROWS = [
+    ("c", "torch DDP, torchrun, Gloo (the target)", torchrun("ddp_torch_synthetic.py"), "c"),
+    ("t-gloo", "toolkit, Gloo, Horovod defaults", toolkit("torch", "gloo"), "c"),
+    ("t-mpi", "toolkit, MPI controller + MPI operations", toolkit("torch", "mpi"), "c"),
+    ("t-fus0", "toolkit, Gloo, fusion off (threshold 0)", toolkit("torch", flags=("--fusion-threshold-mb", "0")), "c"),
+    ("t-fus8", "toolkit, Gloo, fusion threshold 8 MiB", toolkit("torch", flags=("--fusion-threshold-mb", "8")), "c"),
+    ("t-cyc01", "toolkit, Gloo, cycle time 0.1 ms", toolkit("torch", flags=("--cycle-time-ms", "0.1")), "c"),
+    ("t-cyc10", "toolkit, Gloo, cycle time 10 ms", toolkit("torch", flags=("--cycle-time-ms", "10")), "c"),
+    ("t-auto", "toolkit, Gloo, HOROVOD_AUTOTUNE=1", toolkit("torch", env=("HOROVOD_AUTOTUNE=1",)), "c"),
+    ("t-mpi-fus0", "toolkit, MPI, fusion off", toolkit("torch", "mpi", flags=("--fusion-threshold-mb", "0")), "c"),
+    ("t-mpi-cyc01", "toolkit, MPI, cycle time 0.1 ms", toolkit("torch", "mpi", flags=("--cycle-time-ms", "0.1")), "c"),
+]
+
+# The fusion buffer, the setting that mattered in the tuning table, across sizes (Gloo and MPI).
+FUSION_ROWS = [
+    ("c", "torch DDP, torchrun, Gloo (25 MiB buckets)", torchrun("ddp_torch_synthetic.py"), "c"),
+    *[(f"g{mb}", f"toolkit, Gloo, fusion threshold {mb} MiB", toolkit("torch", flags=("--fusion-threshold-mb", mb)), "c")
+      for mb in ("128", "32", "16", "8", "4")],
+    *[(f"m{mb}", f"toolkit, MPI, fusion threshold {mb} MiB", toolkit("torch", "mpi", flags=("--fusion-threshold-mb", mb)),
+       "c") for mb in ("128", "8")],
+]
+
+# The toolkit's own cost per step: each toolkit row against the plain script doing the same.
+OVERHEAD_ROWS = [
+    ("b", "plain Horovod script, torch", horovodrun("horovod_torch_synthetic.py"), "b"),
+    ("a", "toolkit bench, torch", toolkit("torch"), "b"),
+    ("tf", "plain Horovod script, TensorFlow", horovodrun("horovod_tf_synthetic.py"), "tf"),
+    ("a-tf", "toolkit bench, TensorFlow", toolkit("tensorflow"), "tf"),
+    ("e", "plain Horovod script, MXNet", horovodrun("horovod_mxnet_synthetic.py"), "e"),
+    ("a-mx", "toolkit bench, MXNet", toolkit("mxnet"), "e"),
+]
+
+
+def run_row(argv_fn, a, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv, result = argv_fn(a, Path(tmp))
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if proc.returncode != 0 or not result.is_file():
+            tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-3:]
+            return {"failed": f"exit {proc.returncode}: {' / '.join(tail)[-300:]}"}
+        return {**summarize(json.loads(result.read_text())), "wall_s": time.perf_counter() - t0}
+
+
+def measure(rows, a) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {key: [] for key, _, _, _ in rows}
+    for round_ in range(a.repeats):
+        for key, label, fn, _ in rows:
+            out = run_row(fn, a, a.timeout)
+            results[key].append(out)
+            shown = out.get("failed") or f"{out['per_worker']:8.1f} samples/s per worker  ({out['wall_s']:.0f} s)"
+            print(f"round {round_ + 1}  {label:50s} {shown}", file=sys.stderr, flush=True)
+    return results
+
+
+def median_row(outs: list[dict]) -> dict | None:
+    ok = [o for o in outs if "failed" not in o]
+    if not ok:
+        return None
+    mid = sorted(ok, key=lambda o: o["per_worker"])[(len(ok) - 1) // 2]
+    return {**mid, "rounds": [o["per_worker"] for o in ok], "failed_rounds": len(outs) - len(ok)}
+
+
+def table(rows, results, a, ratio_name: str) -> str:
+    """Medians per row; the ratio of throughputs and the step-time difference against the row's reference."""
+    lines = [f"| row | samples/s per worker (median of rounds) | rounds | step ms | {ratio_name} | step ms vs it |",
+             "|---|---|---|---|---|---|"]
+    for key, label, _, ref in rows:
+        m, base = median_row(results[key]), median_row(results[ref])
+        if m is None:
+            lines.append(f"| {label} | failed: {results[key][-1]['failed'].replace('|', '/')} | | | | |")
+            continue
+        step = 1000 * a.batch_size / m["per_worker"]
+        ratio = f"{m['per_worker'] / base['per_worker']:.3f}" if base else "n/a"
+        delta = f"{step - 1000 * a.batch_size / base['per_worker']:+.3f}" if base else "n/a"
+        rounds = ", ".join(f"{r:,.0f}" for r in m["rounds"])
+        lines.append(f"| {label} | {m['per_worker']:,.1f} +- {m['spread']:,.1f} | {rounds} | {step:.3f} | "
+                     f"{ratio} | {delta} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def write(marker: str, text: str) -> None:
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    doc = DOC.read_text()
+    if begin not in doc:
+        raise SystemExit(f"{DOC} has no {begin} ... {end} markers to write between")
+    DOC.write_text(doc[:doc.index(begin)] + f"{begin}\n{text}\n{end}" + doc[doc.index(end) + len(end):])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=("peers", "tuning", "fusion", "overhead"), action="append",
+                   help="which table(s); default peers and tuning")
+    p.add_argument("-np", dest="np", type=int, default=2)
+    p.add_argument("--features", type=int, default=1024)
+    p.add_argument("--hidden-size", type=int, default=2048)
+    p.add_argument("--hidden-layers", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--steps-per-iter", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3, help="rounds over all rows; each row reports its median")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per job")
+    p.add_argument("--no-write", action="store_true", help="print the tables, leave the doc alone")
+    a = p.parse_args()
+    suites = [("peers", PEER_ROWS, "x (b) throughput"), ("tuning", TUNING_ROWS, "x DDP throughput"),
+              ("fusion", FUSION_ROWS, "x DDP throughput"),
+              ("overhead", OVERHEAD_ROWS, "x plain script throughput")]
+    failed = False
+    for name, rows, ratio in suites:
+        if name not in (a.suite or ["peers", "tuning"]):
+            continue
+        results = measure(rows, a)
+        failed |= any("failed" in o for outs in results.values() for o in outs)
+        params = ((a.features + 1) * a.hidden_size + (a.hidden_layers - 1) * (a.hidden_size + 1) * a.hidden_size
+                  + (a.hidden_size + 1) * 10)
+        command = (f"`.venv/bin/python examples/peers_bench.py --suite {name} -np {a.np} --features {a.features} "
+                   f"--hidden-size {a.hidden_size} --hidden-layers {a.hidden_layers} --repeats {a.repeats} "
+                   f"--iters {a.iters} --steps-per-iter {a.steps_per_iter}`")
+        text = (f"Made by {command} on {machine()}. MLP {a.features} -> {a.hidden_layers} x {a.hidden_size} -> 10 "
+                f"({params / 1e6:.2f}M parameters), batch {a.batch_size} per worker, {a.np} workers, "
+                f"{a.warmup} warm-up steps, {a.iters} x {a.steps_per_iter} timed steps per round.\n\n"
+                + table(rows, results, a, ratio))
+        print(text)
+        if not a.no_write:
+            write(name, text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The toolkit's own cost per optimizer step (torch), measured in one process where it can be resolved.
+
+    .venv/bin/python examples/step_overhead.py [--sizes 64x1,2048x3] [--blocks 15]
+
+On 2 shared cores two launched jobs differ by 10-15% from run to run, so a 1% budget cannot be
+checked end to end. Here one process (Horovod on one rank, the same `hvd.DistributedOptimizer`)
+holds one model and times, in alternating blocks, (a) the toolkit's step (`Communication.step` ->
+the torch adapter's `train_step`, numpy batch in, loss float out) and (b) the plain Horovod step
+(`zero_grad`, forward, `backward`, `step` on torch tensors), so machine drift hits both alike.
+Reports the median block time per step of each and the difference, in microseconds and as a share
+of the step; the tiny model shows the overhead alone, the 10M model shows it against real work.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def measure(hidden_size: int, hidden_layers: int, features: int, blocks: int, steps: int) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from adapters.torch import TorchAdapter
+    from toolkit import config
+    from toolkit.communication import Communication
+
+    cfg = config.resolve({"hidden_size": str(hidden_size), "hidden_layers": str(hidden_layers)}, environ={})
+    adapter = TorchAdapter()
+    adapter.init(cfg)
+    adapter.build(cfg, features, 10)
+    adapter.wrap(cfg)
+    comm = Communication(cfg, adapter, 0, 1)
+    adapter.broadcast()
+    rng = np.random.RandomState(0)
+    x = rng.standard_normal((cfg.batch_size, features)).astype(np.float32)
+    y = rng.randint(0, 10, cfg.batch_size).astype(np.int64)
+    batches, xt, yt = [(x, y)], torch.from_numpy(x), torch.from_numpy(y)
+    model, optimizer = adapter.model, adapter.optimizer
+
+    def plain():
+        optimizer.zero_grad()
+        F.cross_entropy(model(xt), yt).backward()
+        optimizer.step()
+
+    def toolkit():
+        comm.step(batches, 0)
+
+    times = {"toolkit": [], "plain": []}
+    for name, fn in (("toolkit", toolkit), ("plain", plain)):
+        for _ in range(max(3, steps // 5)):      # warm-up both
+            fn()
+    for _ in range(blocks):
+        for name, fn in (("toolkit", toolkit), ("plain", plain)):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - t0) / steps)
+    params = sum(p.numel() for p in model.parameters())
+    out = {name: statistics.median(v) for name, v in times.items()}
+    return {"model": f"{features} -> {hidden_layers} x {hidden_size} -> 10", "parameters": params,
+            "threads": torch.get_num_threads(), **out}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="64x1,2048x3", help="hidden_size x hidden_layers, comma separated")
+    p.add_argument("--features", type=int, default=1024)
+    p.add_argument("--blocks", type=int, default=15, help="alternating blocks per path")
+    args = p.parse_args()
+    rows = []
+    for item in args.sizes.split(","):
+        size, layers = (int(v) for v in item.split("x"))
+        steps = 200 if size * size * layers < 1e6 else 5
+        rows.append(measure(size, layers, args.features, args.blocks, steps))
+    print("| model | parameters | plain Horovod step | toolkit step | toolkit - plain | share of the step |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        d = r["toolkit"] - r["plain"]
+        print(f"| {r['model']} | {r['parameters']:,} | {r['plain'] * 1e3:.3f} ms | {r['toolkit'] * 1e3:.3f} ms | "
+              f"{d * 1e6:+.0f} us | {100 * d / r['plain']:+.2f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
