@@ -47,3 +47,40 @@ def test_corrupt_latest_is_a_clear_error_and_older_untouched(tmp_path):
 def test_no_checkpoint(tmp_path):
     with pytest.raises(ToolkitError, match="no checkpoint in"):
         checkpoint.latest(tmp_path / "empty")
+
+
+WRITER = """
+import os, sys
+from toolkit import checkpoint
+i = 0
+while True:   # each step saved twice (a resumed run re-saves its step) and 2 kept: every path of save()
+    checkpoint.save(sys.argv[1], i // 2, {"i": i}, lambda d: (d / "w.bin").write_bytes(os.urandom(1 << 21)), keep=2)
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
+    """20 writers killed with SIGKILL at random moments: the newest checkpoint always verifies, and
+    the next save clears what the dead writer left."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT, clean_env
+    rng = random.Random(0)
+    folder = tmp_path / "ckpt"
+    for trial in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], cwd=ROOT, env=clean_env(),
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()                  # at least one checkpoint exists
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        path, meta = checkpoint.latest(folder)   # raises if the newest is corrupt or half-written
+        assert path.name == f"ckpt-{meta['step']:08d}"
+    leftovers = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    checkpoint.save(folder, 10_000, {}, lambda d: (d / "w.bin").write_bytes(b"x"), keep=2)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")], f"left behind: {leftovers}"

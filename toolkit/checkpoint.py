@@ -41,6 +41,7 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
     """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    _sweep(root)                   # rank 0 is the only writer: anything hidden here is a dead writer's
     final = root / f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
@@ -51,16 +52,31 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
         for p in tmp.iterdir():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-        if final.exists():          # the same step saved again (e.g. a resumed run): replace it
-            shutil.rmtree(final)
+        replaced = _hide(final) if final.exists() else None   # the same step again (a resumed run)
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if replaced:
+        shutil.rmtree(replaced, ignore_errors=True)
     for old in all_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(_hide(old), ignore_errors=True)
     return final
+
+
+def _hide(path: Path) -> Path:
+    """Rename a checkpoint out of sight before deleting it, so a writer killed mid-delete (kill -9)
+    leaves a hidden folder, never a half-deleted `ckpt-*` that `latest()` would pick."""
+    hidden = path.with_name(f".{path.name}.old-{os.getpid()}")
+    os.rename(path, hidden)
+    return hidden
+
+
+def _sweep(root: Path) -> None:
+    """Hidden leftovers of a writer that was killed (temporary or half-deleted folders)."""
+    for p in root.glob(f".{PREFIX}*"):
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def all_checkpoints(directory: str | os.PathLike) -> list[Path]:
