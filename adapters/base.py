@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from toolkit.errors import ToolkitError
+from toolkit.launch import tuning_env
 
 
 @dataclass(frozen=True)
@@ -54,18 +55,16 @@ CPU_FUSION_THRESHOLD_MB = 4
 
 def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
     """Fusion threshold, cycle time, timeline and stall check from the config, set before
-    `hvd.init()` reads them (Horovod's own environment variables, so horovodrun's flags agree).
+    `hvd.init()` reads them (Horovod's own environment variables, written by the same
+    `toolkit.launch.tuning_env` as `toolkit launch`'s flags, so both agree).
     `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
-    if config.fusion_threshold_mb is not None:
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
-    elif default_fusion_mb is not None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(default_fusion_mb * 1024 * 1024))
-    if config.cycle_time_ms is not None:
-        os.environ["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
-    if config.timeline_file:
-        path = Path(config.timeline_file).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.environ["HOROVOD_TIMELINE"] = str(path)
+    fusion_mb = config.fusion_threshold_mb
+    if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
+        fusion_mb = default_fusion_mb
+    if config.timeline_file:        # Horovod does not create the timeline's folder
+        Path(config.timeline_file).resolve().parent.mkdir(parents=True, exist_ok=True)
+    os.environ.update(item.split("=", 1) for item in
+                      tuning_env(fusion_mb, config.cycle_time_ms, timeline=config.timeline_file))
     if config.stall_check_seconds == 0:
         os.environ["HOROVOD_STALL_CHECK_DISABLE"] = "1"
     elif config.stall_check_seconds is not None:
