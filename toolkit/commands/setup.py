@@ -5,6 +5,9 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("setup", help="create .venv with the pinned frameworks and a built Horovod")
     p.add_argument("--venv", default=None, help="virtualenv folder (default: .venv at the repo root)")
+    p.add_argument("--gpu", action="store_true",
+                   help="the GPU variant (docker/Dockerfile): tensorflow instead of tensorflow-cpu, torch from "
+                        "the CUDA index pip is given, Horovod with NCCL (build-horovod --gpu)")
     p.add_argument("build_args", nargs="*", metavar="-- BUILD-HOROVOD-ARGS",
                    help="passed to `toolkit build-horovod`, after `--`")
     p.set_defaults(func=run)
@@ -13,5 +16,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from toolkit import envsetup
 
-    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", args.build_args)
+    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", args.build_args,
+                   gpu=args.gpu)
     return 0
