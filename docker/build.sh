@@ -125,8 +125,10 @@ build() {
   extra=$(pip_setting extra-index-url)
   links=$(pip_setting find-links)
   [ -n "$index" ] && args+=(--build-arg "PIP_INDEX_URL=$index")
+  # A local index's pages link to files beside it (../../files/x.whl): its parent is mounted.
   for v in $index $extra $links; do
     v=${v#file://}
+    case " $index $extra " in *" file://$v "*|*" $v "*) v=$(dirname "${v%/}") ;; esac
     case $v in
       /*) if [ "$eng" = buildah ] && [ -e "$v" ]; then mounts+=(-v "$v:$v:ro")
           else say "pip location $v is local to this machine: not visible to a docker build"; fi ;;
@@ -160,7 +162,8 @@ build() {
     mkdir -p "$HOME/.cache/pip" "$HOME/.cache/toolkit"
     mounts+=(-v "$HOME/.cache/pip:$HOST_CACHE/pip" -v "$HOME/.cache/toolkit:$HOST_CACHE/toolkit")
     args+=(--build-arg "PIP_CACHE_DIR=$HOST_CACHE/pip" --build-arg "TOOLKIT_CACHE_DIR=$HOST_CACHE/toolkit")
-    buildah bud --isolation chroot --pull=never --layers -f "$dockerfile" \
+    # --format docker: the OCI format drops SHELL (RUN would use /bin/sh, without pipefail).
+    buildah bud --isolation chroot --pull=never --layers --format docker -f "$dockerfile" \
       --ignorefile "$dockerfile.dockerignore" -t "$image" "${mounts[@]}" "${args[@]}" "$@" "$CONTEXT"
   fi
   say "$image built in $((SECONDS - start)) s"
