@@ -154,6 +154,17 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def load(self, folder: Path) -> None: ...
 
+    # -- elastic training (toolkit/elastic.py), for the adapters the registry marks elastic -------
+    def snapshot(self):
+        """An in-memory copy of model and optimizer state (what an elastic commit keeps)."""
+        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
+
+    def restore(self, snapshot) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
+
+    def on_reset(self, config) -> None:
+        """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
+
     @abc.abstractmethod
     def parameters(self) -> list:
         """Model state as numpy arrays, in a fixed order (for digests and comparisons)."""

@@ -229,6 +229,16 @@ class TensorflowAdapter(Adapter):
         for v, value in zip(self.optimizer.variables, state):
             v.assign(value)
 
+    def snapshot(self):
+        return [v.numpy() for v in self.model.variables + list(self.optimizer.variables)]
+
+    def restore(self, snapshot) -> None:
+        for v, a in zip(self.model.variables + list(self.optimizer.variables), snapshot, strict=True):
+            v.assign(a)
+
+    def on_reset(self, config) -> None:
+        self.wrap(config)   # the step graph was traced for the old world size (allreduce or not)
+
     def parameters(self) -> list:
         return self.model.get_weights()
 

@@ -5,6 +5,7 @@ toolkit/communication.py moves the gradients through `local_gradients` / `apply_
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,13 @@ class TorchAdapter(Adapter):
         state = torch.load(folder / STATE_FILE, map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def snapshot(self):
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+
+    def restore(self, snapshot) -> None:
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
 
     def parameters(self) -> list:
         return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]

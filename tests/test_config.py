@@ -110,6 +110,15 @@ def test_roundtrip_through_yaml(tmp_path, values):
     ({"framework": "tensorflow", "backend": "native", "sync": "local_sgd"}, ["sync='local_sgd'", "every_step"]),
     ({"framework": "tensorflow", "keras": "tf_keras", "compression": "int8"},
      ["compression='int8'", "keras='tf_keras'", "keras: keras3", "none or fp16"]),
+    ({"elastic_min_np": "0"}, ["elastic_min_np=0", "positive integer"]),
+    ({"elastic_min_np": "3", "elastic_max_np": "2"}, ["elastic_max_np=2", "below elastic_min_np=3"]),
+    ({"elastic_min_np": "1", "compression": "topk"}, ["elastic", "compression='topk'", "compression none or fp16"]),
+    ({"elastic_min_np": "1", "framework": "mxnet"}, ["elastic", "framework='mxnet'", "horovod.mxnet.elastic"]),
+    ({"elastic_min_np": "1", "framework": "tensorflow", "keras": "tf_keras"}, ["elastic", "keras: keras3"]),
+    ({"elastic_min_np": "1", "framework": "tensorflow", "backend": "native"}, ["elastic", "backend=native"]),
+    ({"straggler": "1"}, ["straggler='1'", "RANK:MS"]),
+    ({"straggler": "1:-5"}, ["straggler='1:-5'", "MS >= 0"]),
+    ({"straggler": "x:5"}, ["straggler='x:5'"]),
 ])
 def test_bad_values_name_the_field(values, needles):
     with pytest.raises(ToolkitError) as e:
@@ -127,6 +136,8 @@ def test_bad_values_name_the_field(values, needles):
     ("- a\n- b\n", ["key: value"]),
     ("batchsize: 3\n", ["unknown key 'batchsize'", "did you mean 'batch_size'"]),
     ("lr: abc\n", ["lr='abc'", "must be a number"]),
+    ("elastic: 2\n", ["`elastic` is a group of keys", "min_np"]),
+    ("elastic: {min_nps: 2}\n", ["unknown key elastic.min_nps", "did you mean 'min_np'"]),
 ])
 def test_bad_yaml(tmp_path, text, needles):
     path = write(tmp_path, text)
@@ -172,3 +183,13 @@ def test_tf_use_legacy_keras_selects_tf_keras_for_horovod_only():
     assert config.resolve({"framework": "tensorflow", "backend": "native"}, environ=legacy).keras is config.Keras.KERAS3
     assert config.resolve({"framework": "torch"}, environ=legacy).keras is config.Keras.KERAS3
     assert config.resolve({"framework": "tensorflow"}, environ={}).keras is config.Keras.KERAS3
+
+
+def test_elastic_block_and_straggler(tmp_path):
+    path = write(tmp_path, "elastic:\n  min_np: 1\n  max_np: 4\n  discovery: ./hosts.sh\nstraggler: 1:50, 0:5\n")
+    c = config.resolve({"config": path}, environ={})
+    assert c.elastic and (c.elastic_min_np, c.elastic_max_np, c.elastic_discovery) == (1, 4, "./hosts.sh")
+    assert c.elastic_commit_every == 10       # the default, filled in when elastic is on
+    assert c.straggler_delays() == {1: 0.05, 0: 0.005}
+    assert config.resolve({"config": path}, environ={"TOOLKIT_ELASTIC_MAX_NP": "2"}).elastic_max_np == 2
+    assert not Config().elastic and Config().elastic_commit_every is None and Config().straggler_delays() == {}

@@ -211,3 +211,41 @@ def test_emit_mpijob_manifest():
     assert {"name": "TOOLKIT_EPOCHS", "value": "3"} in launcher["env"] and "TOOLKIT_EPOCHS" in command
     assert "&id" not in proc.stdout
     one_line_error(toolkit("launch", "-np", "2", "--emit", "mpijob", "--", "true"), "--image")
+
+
+def test_elastic_horovodrun_command_and_its_bad_inputs(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    argv, _ = launch.plan(launch.LaunchSpec(command=("python", "t.py"), np=2, min_np=1, max_np=4,
+                                            discovery=str(script), network_interface="lo"), environ={})
+    line = " ".join(argv)
+    assert f"--host-discovery-script {script}" in line and "--min-np 1 --max-np 4" in line and " -H " not in line
+    argv, _ = launch.plan(launch.LaunchSpec(command=("t",), np=2, hosts="a:1,b:1", min_np=1), environ={})
+    assert "-H a:1,b:1" in " ".join(argv) and "--min-np 1" in " ".join(argv)
+    bad = [
+        (dict(min_np=1, discovery=str(script), controller="mpi"), "Gloo only"),
+        (dict(min_np=1, discovery=str(script), launcher="mpirun"), "drop --launcher mpirun"),
+        (dict(min_np=3, discovery=str(script)), "--min-np (3) <= -np (2)"),
+        (dict(min_np=1, max_np=1, discovery=str(script)), "<= --max-np (1)"),
+        (dict(min_np=1), "at least two hosts"),
+        (dict(discovery=str(tmp_path / "missing.sh")), "not an executable file"),
+        (dict(max_np=4), "--max-np applies to elastic jobs"),
+    ]
+    for kw, needle in bad:
+        with pytest.raises(ToolkitError, match=None) as e:
+            launch.LaunchSpec(command=("t",), np=2, **kw)
+        assert needle in str(e.value) and "\n" not in str(e.value), (kw, str(e.value))
+
+
+def test_launch_reads_the_elastic_block_of_the_commands_config(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"elastic: {{min_np: 1, max_np: 2, discovery: {script}}}\nepochs: 3\n")
+    out = toolkit("launch", "-np", "2", "--dry-run", "--", "python", "t.py", "--config", cfg)
+    assert out.returncode == 0, out.stderr
+    assert f"--host-discovery-script {script}" in out.stdout and "--min-np 1 --max-np 2" in out.stdout
+    out = toolkit("launch", "-np", "2", "--max-np", "3", "--dry-run", "--", "python", "t.py", "--config", cfg)
+    assert "--max-np 3" in out.stdout, out.stderr

@@ -60,3 +60,24 @@ def test_datasets_are_real_and_split_the_same_way():
     synthetic = data.load(Config(dataset="synthetic"))
     assert synthetic.num_features == 64 and len(np.unique(synthetic.y_train)) == 10
     assert not math.isnan(float(synthetic.x_train.sum()))
+
+
+@pytest.mark.parametrize("size, k, b", [(2, 2, 8), (3, 1, 5)])
+def test_step_indices_are_the_shards_and_survive_a_resize(size, k, b):
+    n, epoch, seed = 1437, 2, 7
+    order = data.epoch_order(n, epoch, seed)
+    shards = [data.epoch_shard(n, epoch, seed, r, size) for r in range(size)]
+    steps = data.steps_left(n, 0, size, b, k)
+    assert steps == data.steps_per_epoch(n, size, b, k)
+    for s in range(steps):
+        micro = data.step_indices(order, s * b * k * size, b, k, size, range(size))
+        for j in range(k):
+            assert np.array_equal(micro[j], np.concatenate([sh[(s * k + j) * b:(s * k + j + 1) * b] for sh in shards]))
+    # two steps on `size` replicas, then the world shrinks to 1 and grows to 4: every sample once
+    seen, position = [], 0
+    for world in (size, size, 1, 4, 4):
+        micro = data.step_indices(order, position, b, k, world, range(world))
+        seen += [i for m in micro for i in m]
+        position += b * k * world
+    assert len(seen) == len(set(seen)) == position and sorted(seen) == sorted(order[:position])
+    assert data.steps_left(n, position, 4, b, k) == (n - position) // (b * k * 4)

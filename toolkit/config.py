@@ -23,6 +23,9 @@ from toolkit.errors import ToolkitError
 
 ENV_PREFIX = "TOOLKIT_"
 # TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
+ELASTIC_KEYS = ("min_np", "max_np", "discovery", "commit_every")
+# YAML groups: `elastic: {min_np: 2}` is the key elastic_min_np.
+GROUPS = {"elastic": ELASTIC_KEYS}
 ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU"})
 
 
@@ -134,6 +137,16 @@ class Config:
                                        "written by rank 0 (HOROVOD_TIMELINE)")
     stall_check_seconds: Optional[float] = _f(None, "Horovod warns when a rank waits this long for the others; "
                                                     "0 turns the check off; unset = Horovod's (60)")
+    elastic_min_np: Optional[int] = _f(None, "elastic training (Horovod elastic, gloo): the fewest workers the job "
+                                             "goes on with; setting any elastic_* key turns elastic on "
+                                             "(YAML: `elastic: {min_np: 1, max_np: 4, discovery: ./hosts.sh}`)")
+    elastic_max_np: Optional[int] = _f(None, "elastic: the most workers; unset = no limit")
+    elastic_discovery: Optional[str] = _f(None, "elastic: executable that prints the available `host:slots`, one a "
+                                                "line (horovodrun --host-discovery-script)")
+    elastic_commit_every: Optional[int] = _f(None, "elastic: steps between in-memory commits of the training "
+                                                   "state (what a failure rolls back to); unset = 10")
+    straggler: Optional[str] = _f(None, "slow ranks down on purpose, for tests and benchmarks: `RANK:MS[,RANK:MS]` "
+                                        "sleeps MS milliseconds before each of that rank's steps")
     quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
 
     def __post_init__(self):
@@ -166,7 +179,45 @@ class Config:
         if self.resume and not self.checkpoint_dir:
             raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
                                "(the folder an earlier run wrote checkpoints to)")
+        self._check_elastic()
+        self.straggler_delays()     # validates the spec
         self._check_capabilities()
+
+    @property
+    def elastic(self) -> bool:
+        return any(getattr(self, f"elastic_{k}") is not None for k in ELASTIC_KEYS)
+
+    def _check_elastic(self) -> None:
+        if not self.elastic:
+            return
+        for name in ("elastic_min_np", "elastic_max_np", "elastic_commit_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "must be a positive integer", example="2")
+        if (self.elastic_min_np and self.elastic_max_np) and self.elastic_max_np < self.elastic_min_np:
+            raise ToolkitError(f"elastic_max_np={self.elastic_max_np} is below elastic_min_np={self.elastic_min_np}; "
+                               "raise max_np or lower min_np")
+        if self.backend is not Backend.HOROVOD:
+            raise ToolkitError("elastic training is Horovod elastic; with backend=native drop the elastic keys")
+        if self.toolkit_exchange:
+            raise ToolkitError(f"elastic training runs Horovod's distributed optimizer; compression="
+                               f"{self.compression.value!r} / sync={self.sync.value!r} are the toolkit's exchange, "
+                               "which keeps per-rank state: use compression none or fp16 and sync every_step")
+        if self.elastic_commit_every is None:
+            object.__setattr__(self, "elastic_commit_every", 10)
+
+    def straggler_delays(self) -> dict[int, float]:
+        """{rank: seconds to sleep before each step} from `straggler`."""
+        delays = {}
+        for item in filter(None, (self.straggler or "").replace(" ", "").split(",")):
+            rank, _, ms = item.partition(":")
+            try:
+                delays[int(rank)] = float(ms) / 1000
+                if int(rank) < 0 or float(ms) < 0:
+                    raise ValueError
+            except ValueError:
+                raise ToolkitError(f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] with RANK >= 0 and "
+                                   f"MS >= 0 milliseconds, e.g. --straggler 1:50") from None
+        return delays
 
     def _check_communication(self) -> None:
         """The communication keys, alone and together; their defaults are filled in here."""
@@ -227,6 +278,9 @@ class Config:
                 keras = f" keras={self.keras.value!r}" if self.keras is not Keras.KERAS3 else ""
                 raise ToolkitError(f"{name}={value!r} is not available for framework={self.framework!r} with "
                                    f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
+        if self.elastic and not impl.elastic:
+            raise ToolkitError(f"elastic training is not available for framework={self.framework!r} with "
+                               f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys")
         if self.keras is not Keras.KERAS3 and self.framework != "tensorflow":
             raise ToolkitError(f"keras={self.keras.value!r} applies to framework: tensorflow only; drop it")
         if self.keras is Keras.TF_KERAS and self.backend is Backend.NATIVE:
@@ -258,6 +312,7 @@ class Config:
             near = difflib.get_close_matches(str(key), kinds, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
+        values = flatten_groups(values, source)
         return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
 
 
@@ -357,7 +412,26 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ToolkitError(f"--config {path}: expected `key: value` lines at the top level, "
                            f"got a {type(data).__name__}")
-    return data
+    return flatten_groups(data, f"--config {path}")
+
+
+def flatten_groups(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`elastic: {min_np: 2}` -> `elastic_min_np: 2` (a YAML group is its keys with a prefix)."""
+    out = {}
+    for key, value in data.items():
+        if key not in GROUPS:
+            out[key] = value
+            continue
+        if not isinstance(value, dict):
+            raise ToolkitError(f"{source}: `{key}` is a group of keys ({', '.join(GROUPS[key])}); write e.g. "
+                               f"`{key}: {{{GROUPS[key][0]}: 2}}`")
+        for sub, v in value.items():
+            if sub not in GROUPS[key]:
+                near = difflib.get_close_matches(str(sub), GROUPS[key], n=1)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                raise ToolkitError(f"{source}: unknown key {key}.{sub}; {hint}allowed: {', '.join(GROUPS[key])}")
+            out[f"{key}_{sub}"] = v
+    return out
 
 
 def read_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -45,6 +45,13 @@ def load(config: Config) -> Data:
     return Data(x[train], y[train], x[test], y[test], classes)
 
 
+def epoch_order(n: int, epoch: int, seed: int):
+    """The epoch's global permutation of the training samples, the same on every rank."""
+    import numpy as np
+
+    return np.random.RandomState(seed + 1_000_003 * (epoch + 1)).permutation(n)
+
+
 def epoch_shard(n: int, epoch: int, seed: int, rank: int, size: int):
     """Indices of this rank's training samples for `epoch`.
 
@@ -53,11 +60,29 @@ def epoch_shard(n: int, epoch: int, seed: int, rank: int, size: int):
     together is one contiguous block of the global permutation, and `size` ranks x
     `accumulation_steps` k x batch b see exactly the samples 1 rank x batch size*k*b sees.
     """
+    order = epoch_order(n, epoch, seed)
+    return order[: n - n % size][rank::size]
+
+
+def step_indices(order, position: int, batch_size: int, accumulation_steps: int, size: int, replicas):
+    """The micro-batches of one optimizer step starting at `position` of the epoch's `order`.
+
+    Micro-batch j is the block order[position + j*b*size : position + (j+1)*b*size]; replica r takes
+    every size-th sample of it from r on (the same samples `epoch_shard` gives rank r when
+    position is a multiple of b*k*size). Progress is a position in the permutation, so the
+    epoch carries on without repeating or skipping a sample when `size` changes (elastic training).
+    Each micro-batch holds the replicas' samples one after the other.
+    """
     import numpy as np
 
-    order = np.random.RandomState(seed + 1_000_003 * (epoch + 1)).permutation(n)
-    order = order[: n - n % size]
-    return order[rank::size]
+    b, k = batch_size, accumulation_steps
+    blocks = (order[position + j * b * size: position + (j + 1) * b * size] for j in range(k))
+    return [np.concatenate([block[r::size] for r in replicas]) for block in blocks]
+
+
+def steps_left(n: int, position: int, size: int, batch_size: int, accumulation_steps: int) -> int:
+    """Full optimizer steps of `size` replicas that still fit in the epoch after `position`."""
+    return (n - position) // (batch_size * accumulation_steps * size)
 
 
 def steps_per_epoch(n: int, size: int, batch_size: int, accumulation_steps: int) -> int:

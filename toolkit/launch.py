@@ -42,6 +42,10 @@ class LaunchSpec:
     ssh_port: Optional[int] = None       # for ranks on other hosts
     ssh_identity_file: Optional[str] = None
     extra: tuple[str, ...] = field(default=())   # passed to the launcher verbatim
+    # Horovod elastic (horovodrun over Gloo): on when min_np or discovery is set
+    min_np: Optional[int] = None
+    max_np: Optional[int] = None
+    discovery: Optional[str] = None      # executable printing `host:slots` lines
 
     def __post_init__(self):
         if not self.command:
@@ -72,6 +76,32 @@ class LaunchSpec:
         if self.ssh_identity_file is not None and not os.path.isfile(self.ssh_identity_file):
             raise ToolkitError(f"--ssh-identity-file {self.ssh_identity_file}: file not found; give the private key "
                                "that opens ssh on the other hosts")
+
+        self._check_elastic()
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_np is not None or self.discovery is not None
+
+    def _check_elastic(self) -> None:
+        if not self.elastic:
+            if self.max_np is not None:
+                raise ToolkitError("--max-np applies to elastic jobs; add --min-np or --host-discovery-script")
+            return
+        if self.launcher != "horovodrun":
+            raise ToolkitError(f"elastic training is horovodrun's (Horovod elastic); drop --launcher {self.launcher}")
+        if self.controller == "mpi":
+            raise ToolkitError("Horovod elastic runs over Gloo only; drop --mpi")
+        low, high = self.min_np or self.np, self.max_np
+        if low < 1 or low > self.np or (high is not None and self.np > high):
+            raise ToolkitError(f"elastic sizes must satisfy 1 <= --min-np ({low}) <= -np ({self.np}) <= --max-np "
+                               f"({high}); fix the one out of order")
+        if self.discovery is None:
+            if len(parse_hosts(self.hosts or "localhost:1")) < 2:
+                raise ToolkitError("elastic training needs --host-discovery-script, or -H with at least two hosts")
+        elif not (os.path.isfile(self.discovery) and os.access(self.discovery, os.X_OK)):
+            raise ToolkitError(f"host discovery script {self.discovery}: not an executable file; it must print "
+                               "`host:slots` lines (chmod +x it)")
 
     def ssh_options(self) -> list[str]:
         """ssh's own options for -p / -i (mpirun's plm_rsh_args and the tf_config launcher)."""
@@ -176,7 +206,11 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     env = worker_env(spec, environ)
     hosts = spec.hosts or f"localhost:{spec.np}"
     if spec.launcher == "horovodrun":
-        argv = ["horovodrun", "-np", str(spec.np), "-H", hosts, "--start-timeout", str(spec.start_timeout)]
+        where = ["--host-discovery-script", os.path.abspath(spec.discovery)] if spec.discovery else ["-H", hosts]
+        argv = ["horovodrun", "-np", str(spec.np), *where, "--start-timeout", str(spec.start_timeout)]
+        if spec.elastic:
+            argv += ["--min-np", str(spec.min_np or spec.np)]
+            argv += ["--max-np", str(spec.max_np)] if spec.max_np else []
         if spec.controller:
             argv.append(f"--{spec.controller}")
         if spec.network_interface:

@@ -26,6 +26,8 @@ class Implementation:
     compressions: tuple[str, ...] = ALL_COMPRESSIONS
     syncs: tuple[str, ...] = ALL_SYNCS
     why_not: str = ""                            # said when an op, compression or sync is refused
+    elastic: bool = False                        # Horovod elastic (hvd.elastic.run) implemented
+    why_not_elastic: str = "Horovod elastic needs the framework's State and run(); use torch or tensorflow"
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,10 @@ class AdapterSpec:
 
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("torch", "pip install torch==2.13.0 (or run `make setup`)",
-                         {"horovod": Implementation("adapters.torch:TorchAdapter")}),
+                         {"horovod": Implementation("adapters.torch:TorchAdapter", elastic=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
-        {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter"),
+        {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter", elastic=True),
          "native": Implementation("adapters.tensorflow_native:NativeAdapter", ops=("average", "sum"),
                                   compressions=("none",), syncs=("every_step",),
                                   why_not="TensorFlow's collectives have neither Adasum nor compression, "
@@ -52,10 +54,12 @@ _ADAPTERS: dict[str, AdapterSpec] = {
         variants={"horovod/tf_keras": Implementation(
             "adapters.tf_keras:TfKerasAdapter", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
             why_not="tf-keras trains through Horovod's own DistributedOptimizer, which has only fp16; "
-                    "the toolkit's compressions and local SGD run with keras: keras3")}),
+                    "the toolkit's compressions and local SGD run with keras: keras3",
+            why_not_elastic="elastic runs with keras: keras3")}),
     "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
                          {"horovod": Implementation("adapters.mxnet:MxnetAdapter", ops=("average", "sum"),
-                                                    why_not="Horovod's MXNet DistributedTrainer has no Adasum")}),
+                                                    why_not="Horovod's MXNet DistributedTrainer has no Adasum",
+                                                    why_not_elastic="Horovod 0.28.1 has no horovod.mxnet.elastic")}),
 }
 
 

@@ -28,6 +28,10 @@ def register(sub) -> None:
     tune.add_argument("--cycle-time-ms", type=float, default=None, help="background cycle time, ms")
     tune.add_argument("--autotune", action="store_true", help="Horovod's autotuner (HOROVOD_AUTOTUNE=1)")
     tune.add_argument("--timeline-filename", default=None, help="Horovod timeline file (rank 0 writes it)")
+    el = p.add_argument_group("elastic (Horovod elastic over Gloo; also the `elastic:` block of the command's --config)")
+    el.add_argument("--min-np", type=int, default=None, help="fewest workers the job goes on with")
+    el.add_argument("--max-np", type=int, default=None, help="most workers")
+    el.add_argument("--host-discovery-script", default=None, help="executable printing `host:slots` lines")
     p.add_argument("--start-timeout", type=int, default=60, help="seconds for all ranks to start (default 60)")
     p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
@@ -60,7 +64,12 @@ def run(args) -> int:
                            f"use one of: {', '.join(registry.spec(args.framework).backends)}")
     env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_filename)
     hosts = launch.read_hostfile(args.hostfile) if args.hostfile else args.hosts
-    spec = launch.LaunchSpec(command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
+    elastic = _elastic_settings(args, command)
+    for key, value in elastic.items():     # the ranks learn they run elastically, from flags too
+        if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ:
+            env.append(f"TOOLKIT_ELASTIC_{key.upper()}={value}")
+    spec = launch.LaunchSpec(min_np=elastic["min_np"], max_np=elastic["max_np"], discovery=elastic["discovery"],
+                             command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
                              controller=args.controller, start_timeout=args.start_timeout,
                              network_interface=args.network_interface, env=tuple(env),
                              ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file)
@@ -81,3 +90,20 @@ def run(args) -> int:
     if code != 0:
         print(f"toolkit: launch: the job exited with code {code}", file=sys.stderr)
     return code
+
+
+def _elastic_settings(args, command) -> dict:
+    """min_np/max_np/discovery from the flags, else TOOLKIT_ELASTIC_*, else the `elastic:` block of the
+    YAML file the command passes with --config (one config for the launcher and the ranks)."""
+    from toolkit import config
+
+    found = {}
+    if "--config" in command[:-1]:
+        found = config.read_yaml(command[command.index("--config") + 1])
+    flags = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
+    out = {}
+    for key, flag_value in flags.items():
+        value = flag_value if flag_value is not None else \
+            os.environ.get(f"TOOLKIT_ELASTIC_{key.upper()}", found.get(f"elastic_{key}"))
+        out[key] = int(value) if value is not None and key != "discovery" else value
+    return out
