@@ -26,7 +26,7 @@ ENV_PREFIX = "TOOLKIT_"
 ELASTIC_KEYS = ("min_np", "max_np", "discovery", "commit_every")
 # YAML groups: `elastic: {min_np: 2}` is the key elastic_min_np.
 GROUPS = {"elastic": ELASTIC_KEYS}
-ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU"})
+ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_REQUIRE_MULTIHOST"})
 
 
 class Backend(str, enum.Enum):
