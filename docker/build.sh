@@ -179,7 +179,9 @@ run_in() {
     return
   fi
   ctr=$(buildah from --pull=never "$image")
-  buildah run --isolation chroot "$ctr" -- "$@" || rc=$?
+  # The host's network and, with --uts host, its hostname: Gloo segfaults (exit 139) when the
+  # hostname does not resolve, and buildah, unlike docker, does not add it to the container's hosts.
+  buildah run --isolation chroot --uts host "$ctr" -- "$@" || rc=$?
   buildah rm "$ctr" >/dev/null
   return "$rc"
 }
