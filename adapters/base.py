@@ -85,11 +85,13 @@ def threads_per_rank(local_size: int | None = None) -> int:
     return max(1, (os.cpu_count() or 1) // (local_size or launcher_local_size()))
 
 
-def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None):
-    """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every adapter's start."""
+def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None, comm=None):
+    """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every adapter's start.
+    `comm`: an mpi4py communicator Horovod runs on instead of every rank (e.g. the parameter-server
+    job's workers, toolkit/ps.py, or a program that already uses MPI)."""
     apply_horovod_tuning(config, default_fusion_mb)
     hvd = import_horovod(module, framework)
-    hvd.init()
+    hvd.init(comm=comm) if comm is not None else hvd.init()
     check_op(hvd, config)
     return hvd
 
@@ -118,8 +120,8 @@ class Adapter(abc.ABC):
 
     # -- lifecycle, called in this order by toolkit.trainer ------------------------------------
     @abc.abstractmethod
-    def init(self, config) -> Topology:
-        """hvd.init, threads and device per local rank."""
+    def init(self, config, comm=None) -> Topology:
+        """hvd.init (on the mpi4py communicator `comm` when given), threads and device per local rank."""
 
     @abc.abstractmethod
     def build(self, config, num_features: int, num_classes: int) -> None:
@@ -190,6 +192,13 @@ class Adapter(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
 
     def set_state(self, arrays: list) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def weights(self) -> list:
+        """The trainable parameters as numpy arrays, in `local_gradients` order (parameter server)."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    def set_weights(self, arrays) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
 
     def allgather(self, array):

@@ -44,8 +44,8 @@ class MxnetAdapter(Adapter):
     name = "mxnet"
     path = "horovod.mxnet DistributedTrainer"
 
-    def init(self, config: Config) -> Topology:
-        self.hvd = hvd = start_horovod(config, "horovod.mxnet", "mxnet")
+    def init(self, config: Config, comm=None) -> Topology:
+        self.hvd = hvd = start_horovod(config, "horovod.mxnet", "mxnet", comm=comm)
         has_gpu = mx.context.num_gpus() > 0
         require_gpu_if_asked(has_gpu)
         self.ctx = mx.gpu(hvd.local_rank()) if has_gpu else mx.cpu()
@@ -125,6 +125,13 @@ class MxnetAdapter(Adapter):
             p.grad(self.ctx)[:] = mx.nd.array(g, ctx=self.ctx, dtype=g.dtype)
         self.trainer.step(1)
         self.params.zero_grad()
+
+    def weights(self) -> list:
+        return [p.data(self.ctx).asnumpy() for p in self.params.values()]
+
+    def set_weights(self, arrays) -> None:
+        for p, a in zip(self.params.values(), arrays, strict=True):
+            p.set_data(mx.nd.array(a, ctx=self.ctx, dtype=a.dtype))
 
     def _state_arrays(self) -> list:
         arrays = [p.data(self.ctx) for p in self.params.values()]

@@ -118,9 +118,9 @@ class TensorflowAdapter(Adapter):
     name = "tensorflow"
     path = "Keras 3 step on horovod.tensorflow grouped_allreduce"
 
-    def init(self, config: Config) -> Topology:
+    def init(self, config: Config, comm=None) -> Topology:
         set_threads(threads_per_rank())
-        self.hvd = hvd = start_horovod(config, "horovod.tensorflow", "tensorflow")
+        self.hvd = hvd = start_horovod(config, "horovod.tensorflow", "tensorflow", comm=comm)
         gpus = tf.config.list_physical_devices("GPU")
         require_gpu_if_asked(bool(gpus))
         if gpus:   # one GPU per local rank, the Horovod pattern
@@ -195,6 +195,13 @@ class TensorflowAdapter(Adapter):
 
     def apply_gradients(self, grads) -> None:
         self._apply([tf.constant(g) for g in grads])
+
+    def weights(self) -> list:
+        return [v.numpy() for v in self.model.trainable_variables]
+
+    def set_weights(self, arrays) -> None:
+        for v, a in zip(self.model.trainable_variables, arrays, strict=True):
+            v.assign(a)
 
     def _state_variables(self) -> list:
         slots = [v for v in self.optimizer.variables

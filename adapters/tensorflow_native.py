@@ -51,7 +51,9 @@ def tf_config_topology(text: str) -> tuple[int, int, int, int]:
 class NativeAdapter(TensorflowAdapter):
     name = "tensorflow"
 
-    def init(self, config: Config) -> Topology:
+    def init(self, config: Config, comm=None) -> Topology:
+        if comm is not None:
+            raise ToolkitError("backend=native runs TensorFlow's own collectives, not MPI: no communicator")
         kind = config.strategy or (Strategy.MULTI_WORKER_MIRRORED if "TF_CONFIG" in os.environ
                                    else Strategy.MIRRORED)
         if kind is Strategy.MULTI_WORKER_MIRRORED:

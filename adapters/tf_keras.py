@@ -48,8 +48,8 @@ class TfKerasAdapter(TensorflowAdapter):
     name = "tensorflow"
     path = "tf-keras through horovod.tensorflow.keras DistributedOptimizer"
 
-    def init(self, config: Config):
-        topology = super().init(config)
+    def init(self, config: Config, comm=None):
+        topology = super().init(config, comm)
         self.hvd_keras = import_horovod_keras()
         return topology
 

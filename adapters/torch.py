@@ -33,11 +33,11 @@ class TorchAdapter(Adapter):
     name = "torch"
     path = "horovod.torch DistributedOptimizer"
 
-    def init(self, config: Config) -> Topology:
+    def init(self, config: Config, comm=None) -> Topology:
         has_gpu = torch.cuda.is_available()
         # measured on torch only (docs/BENCHMARKS.md); GPUs keep Horovod's default for NCCL
         self.hvd = hvd = start_horovod(config, "horovod.torch", "torch",
-                                       default_fusion_mb=None if has_gpu else CPU_FUSION_THRESHOLD_MB)
+                                       default_fusion_mb=None if has_gpu else CPU_FUSION_THRESHOLD_MB, comm=comm)
         torch.set_num_threads(threads_per_rank())
         require_gpu_if_asked(has_gpu)
         if has_gpu:
@@ -109,6 +109,14 @@ class TorchAdapter(Adapter):
         for p, g in zip(self.model.parameters(), grads):
             p.grad.copy_(torch.from_numpy(g))
         self.optimizer.step()
+
+    def weights(self) -> list:
+        return [p.detach().cpu().numpy() for p in self.model.parameters()]
+
+    @torch.no_grad()
+    def set_weights(self, arrays) -> None:
+        for p, a in zip(self.model.parameters(), arrays, strict=True):
+            p.copy_(torch.from_numpy(a))
 
     def _state_tensors(self) -> list:
         slots = [self.optimizer.state[p] for p in self.model.parameters()]

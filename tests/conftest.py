@@ -17,7 +17,8 @@ BIN = Path(sys.executable).parent
 
 # Set by libraries on their first import (scikit-learn, MXNet's OpenMP), not by the code under test.
 IMPORT_SIDE_EFFECTS = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
-                       "CRC32C_SW_MODE"}   # tensorboardX (crc32c) on import
+                       "CRC32C_SW_MODE",    # tensorboardX (crc32c) on import
+                       "TORCHINDUCTOR_CACHE_DIR"}   # torch.optim on first import
 
 
 @pytest.fixture(autouse=True)

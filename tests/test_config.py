@@ -116,6 +116,16 @@ def test_roundtrip_through_yaml(tmp_path, values):
     ({"elastic_min_np": "1", "framework": "mxnet"}, ["elastic", "framework='mxnet'", "horovod.mxnet.elastic"]),
     ({"elastic_min_np": "1", "framework": "tensorflow", "keras": "tf_keras"}, ["elastic", "keras: keras3"]),
     ({"elastic_min_np": "1", "framework": "tensorflow", "backend": "native"}, ["elastic", "backend=native"]),
+    ({"sync": "ssp", "staleness": "-1"}, ["staleness=-1", ">= 0", "--staleness"]),
+    ({"sync": "async_ps", "staleness": "2"}, ["staleness bounds sync: ssp", "--sync ssp"]),
+    ({"sync": "async_ps", "ps_servers": "0"}, ["ps_servers=0", "needs a server rank"]),
+    ({"staleness": "2"}, ["staleness applies to sync: ssp or async_ps", "--sync ssp"]),
+    ({"ps_servers": "2"}, ["ps_servers applies to sync: ssp or async_ps"]),
+    ({"staleness_lr_damping": "true"}, ["staleness_lr_damping applies to sync: ssp or async_ps"]),
+    ({"sync": "ssp", "compression": "int8"}, ["compression='int8'", "sync=ssp", "compression: none"]),
+    ({"sync": "ssp", "op": "sum"}, ["op='sum'", "sync=ssp", "op: average"]),
+    ({"sync": "ssp", "framework": "tensorflow", "keras": "tf_keras"}, ["sync='ssp'", "keras: keras3"]),
+    ({"sync": "ssp", "elastic_min_np": "1"}, ["elastic", "sync='ssp'"]),
     ({"straggler": "1"}, ["straggler='1'", "RANK:MS"]),
     ({"straggler": "1:-5"}, ["straggler='1:-5'", "MS >= 0"]),
     ({"straggler": "x:5"}, ["straggler='x:5'"]),
@@ -193,3 +203,10 @@ def test_elastic_block_and_straggler(tmp_path):
     assert c.straggler_delays() == {1: 0.05, 0: 0.005}
     assert config.resolve({"config": path}, environ={"TOOLKIT_ELASTIC_MAX_NP": "2"}).elastic_max_np == 2
     assert not Config().elastic and Config().elastic_commit_every is None and Config().straggler_delays() == {}
+
+
+def test_parameter_server_defaults():
+    c = config.resolve({"sync": "ssp"}, environ={})
+    assert (c.staleness, c.ps_servers, c.toolkit_exchange) == (4, 1, True)
+    c = config.resolve({"sync": "async_ps", "ps_servers": "2"}, environ={})
+    assert (c.staleness, c.ps_servers) == (None, 2)

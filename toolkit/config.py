@@ -69,6 +69,11 @@ TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK)
 class Sync(str, enum.Enum):
     EVERY_STEP = "every_step"   # gradients exchanged every optimizer step
     LOCAL_SGD = "local_sgd"     # local_steps local steps, then the models are averaged
+    ASYNC_PS = "async_ps"       # parameter server (toolkit/ps.py), workers never wait for each other
+    SSP = "ssp"                 # parameter server, no worker more than `staleness` steps ahead
+
+
+PS_SYNCS = (Sync.ASYNC_PS, Sync.SSP)
 
 
 class Keras(str, enum.Enum):
@@ -121,6 +126,11 @@ class Config:
     sync: Sync = _f(Sync.EVERY_STEP, "every_step, or local_sgd (local_steps local steps, then average the models)")
     local_steps: Optional[int] = _f(None, "sync local_sgd: optimizer steps between model averages (H); unset = 4")
     sync_warmup_steps: int = _f(0, "sync local_sgd: first steps fully synchronous (post-local SGD)")
+    staleness: Optional[int] = _f(None, "sync ssp: the most steps a worker may run ahead of the slowest; unset = 4")
+    ps_servers: Optional[int] = _f(None, "sync async_ps/ssp: parameter-server ranks (the first ones; parameters "
+                                         "sharded across them); unset = 1")
+    staleness_lr_damping: bool = _f(False, "sync async_ps/ssp: divide the lr of a gradient computed on "
+                                           "parameters k updates old by k + 1")
     accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
     op: Op = _f(Op.AVERAGE, "gradient reduction")
     seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r")
@@ -246,6 +256,7 @@ class Config:
             for name in ("local_steps", "sync_warmup_steps"):
                 if getattr(self, name):
                     raise ToolkitError(f"{name} applies to sync: local_sgd; add --sync local_sgd or drop {name}")
+        self._check_parameter_server()
         if self.sync_warmup_steps < 0:
             _bad("sync_warmup_steps", self.sync_warmup_steps, "must be >= 0", example="0")
         if self.op is Op.ADASUM and toolkit_compression:
@@ -259,10 +270,39 @@ class Config:
         if self.sync is Sync.LOCAL_SGD and self.local_steps is None:
             object.__setattr__(self, "local_steps", 4)
 
+    def _check_parameter_server(self) -> None:
+        if self.sync not in PS_SYNCS:
+            for name in ("staleness", "ps_servers"):
+                if getattr(self, name) is not None:
+                    raise ToolkitError(f"{name} applies to sync: ssp or async_ps (a parameter server); add "
+                                       f"--sync ssp or drop {name}")
+            if self.staleness_lr_damping:
+                raise ToolkitError("staleness_lr_damping applies to sync: ssp or async_ps; drop it")
+            return
+        if self.staleness is not None:
+            if self.sync is Sync.ASYNC_PS:
+                raise ToolkitError("staleness bounds sync: ssp; async_ps has no bound: use --sync ssp or drop staleness")
+            if self.staleness < 0:
+                _bad("staleness", self.staleness, "must be >= 0 (0 = every worker in step)", example="4")
+        if self.ps_servers is not None and self.ps_servers < 1:
+            _bad("ps_servers", self.ps_servers, f"must be at least 1: sync={self.sync.value} needs a server rank "
+                 "to hold the parameters", example="1")
+        if self.compression is not Compression.NONE:
+            raise ToolkitError(f"compression={self.compression.value!r} with sync={self.sync.value}: the parameter "
+                               "server exchanges full float32 values; use compression: none")
+        if self.op is not Op.AVERAGE:
+            raise ToolkitError(f"op={self.op.value!r} with sync={self.sync.value}: the server applies each "
+                               "worker's gradient as it comes; use op: average")
+        if self.sync is Sync.SSP and self.staleness is None:
+            object.__setattr__(self, "staleness", 4)
+        if self.ps_servers is None:
+            object.__setattr__(self, "ps_servers", 1)
+
     @property
     def toolkit_exchange(self) -> bool:
-        """Whether the toolkit moves the gradients (toolkit/communication.py) instead of Horovod's optimizer."""
-        return self.compression in TOOLKIT_COMPRESSIONS or self.sync is Sync.LOCAL_SGD
+        """Whether the toolkit moves the gradients (toolkit/communication.py or, for a parameter
+        server, toolkit/ps.py) instead of Horovod's optimizer."""
+        return self.compression in TOOLKIT_COMPRESSIONS or self.sync in (Sync.LOCAL_SGD, *PS_SYNCS)
 
     def _check_capabilities(self) -> None:
         """What the chosen framework and backend implement (toolkit/registry.py), with the alternative."""

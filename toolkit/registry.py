@@ -16,7 +16,7 @@ ALL_OPS = ("average", "sum", "adasum")
 HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, inside its allreduce
 TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the adapter's
 ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
-ALL_SYNCS = ("every_step", "local_sgd")
+ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from toolkit import checkpoint, data as datasets, metrics as metrics_log, registry, schedule
 from toolkit.communication import Communication
-from toolkit.config import Config
+from toolkit.config import PS_SYNCS, Config
 from toolkit.errors import ToolkitError
 
 
@@ -103,6 +103,9 @@ def run(config: Config) -> dict:
     import numpy as np
 
     metrics_log.check(config)
+    if config.sync in PS_SYNCS:         # a parameter server job: its own loop (toolkit/ps.py)
+        from toolkit import ps
+        return ps.run(config)
     adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
     topo = adapter.init(config)
     rank = topo.rank

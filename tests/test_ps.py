@@ -1,0 +1,149 @@
+"""Parameter-server training (issue 8): sync async_ps / ssp over mpi4py, under real mpirun jobs.
+
+Unit: shard split, the server's numpy optimizer against torch.optim step for step. Jobs: SSP with a
+straggler never lets a worker run more than `staleness` steps ahead and trains digits (every
+framework); staleness 0 with one worker is synchronous SGD; the servers' checkpoints hold
+parameters and optimizer state and resume to the same model; a dead worker ends the job; bad
+parameters are one-line errors.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.conftest import ROOT, TRAIN, clean_env, one_line_error, run, summary, train_job
+from tests.test_distributed import FRAMEWORKS, digits, horovod_status
+from toolkit import checkpoint, ps
+from toolkit.config import Config, Optimizer
+
+pytestmark = pytest.mark.distributed
+
+
+def mpirun_job(args, np_: int, timeout: int = 300) -> dict:
+    return train_job("mpirun", args, np_=np_, timeout=timeout)
+
+
+def test_shards_cover_the_vector_once():
+    for length, servers in [(10, 1), (10, 3), (66954, 2), (5, 5)]:
+        shards = ps.split(length, servers)
+        assert shards[0][0] == 0 and shards[-1][1] == length and len(shards) == servers
+        assert all(a[1] == b[0] for a, b in zip(shards, shards[1:]))
+        assert max(b - a for a, b in shards) - min(b - a for a, b in shards) <= 1
+
+
+@pytest.mark.parametrize("optimizer, extra", [("sgd", {"momentum": 0.9, "weight_decay": 1e-3}),
+                                              ("sgd", {"momentum": 0.0}), ("adam", {"weight_decay": 1e-3})])
+def test_server_optimizer_follows_torch_optim(optimizer, extra):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(50).astype(np.float32)
+    config = Config(optimizer=Optimizer(optimizer), lr=0.01, **extra)
+    mine, server = start.copy(), ps.ServerOptimizer(config, start.size)
+    p = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    opt = (torch.optim.SGD([p], lr=0.01, momentum=config.momentum, weight_decay=config.weight_decay)
+           if optimizer == "sgd" else torch.optim.Adam([p], lr=0.01, weight_decay=config.weight_decay))
+    for _ in range(20):
+        g = rng.standard_normal(50).astype(np.float32)
+        server.step(mine, g, 0.01)
+        p.grad = torch.from_numpy(g.copy())
+        opt.step()
+    np.testing.assert_allclose(mine, p.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_ssp_with_a_straggler_keeps_its_bound_and_trains_digits(fw):
+    if why := horovod_status(fw):
+        pytest.skip(f"horovod.{fw} does not import: {why}")
+    # rank 0 serves, ranks 1-2 work; rank 2 is slowed down, so rank 1 runs ahead up to the bound
+    out = mpirun_job([*digits(fw), "--sync", "ssp", "--staleness", "4", "--straggler", "2:15", "--epochs", "8"], 3)
+    print(f"{fw}: accuracy {out['accuracy']:.4f}, clock gaps {out['clock_gap_histogram']}, "
+          f"staleness {out['staleness_histogram']}, {out['samples_per_sec']:.0f} samples/s")
+    assert out["sync"] == "ssp" and out["staleness_bound"] == 4 and out["world_size"] == 2
+    assert out["clock_gap_max"] <= 4, "a worker ran more steps ahead of the slowest than staleness allows"
+    assert out["clock_gap_max"] >= 2, "the straggler never let the other worker run ahead: the bound was not tested"
+    assert out["updates"] == out["steps"] == 2 * 8 * 22          # every gradient applied once
+    assert out["accuracy"] > 0.9
+
+
+def _server_params(folder, step: int) -> np.ndarray:
+    shards = sorted(folder.glob(f"server-*/ckpt-{step:08d}/{ps.SHARD_FILE}"))
+    return np.concatenate([np.load(p)["params"] for p in shards])
+
+
+@pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")
+def test_one_worker_at_staleness_0_is_synchronous_sgd_and_the_servers_checkpoints_resume(tmp_path):
+    import torch
+
+    common = [*digits("torch"), "--epochs", "3"]
+    sync = train_job("single", [*common, "--checkpoint-dir", tmp_path / "sync"])
+    # 2 servers (the model sharded) and 1 worker
+    ps_dir = tmp_path / "ps"
+    out = mpirun_job([*common, "--sync", "ssp", "--staleness", "0", "--ps-servers", "2",
+                      "--checkpoint-dir", ps_dir], 3)
+    assert out["steps"] == sync["steps"] == 3 * 44 and out["clock_gap_max"] == 0 and out["staleness_max"] == 0
+    state = torch.load(checkpoint.latest(tmp_path / "sync")[0] / "state.pt", weights_only=True)
+    reference = np.concatenate([t.numpy().ravel() for t in state["model"].values()])
+    final = _server_params(ps_dir, 132)
+    np.testing.assert_allclose(final, reference, rtol=1e-4, atol=1e-5)   # float32 order of operations only
+    assert abs(out["accuracy"] - sync["accuracy"]) < 0.01
+
+    # each server checkpointed its shard: parameters + momentum, together the whole model
+    for server in (0, 1):
+        path, meta = checkpoint.latest(ps_dir / f"server-{server}")
+        arrays = np.load(path / ps.SHARD_FILE)
+        assert set(arrays.files) == {"params", "momentum"} and meta["step"] == 132 and meta["epoch"] == 3
+        assert arrays["params"].shape == arrays["momentum"].shape and np.abs(arrays["momentum"]).sum() > 0
+    assert final.size == reference.size
+    # resume from epoch 2 (a copy cut there): the same final model as the uninterrupted run
+    cut = tmp_path / "cut"
+    shutil.copytree(ps_dir, cut)
+    for stale in cut.glob("server-*/ckpt-00000132"):
+        shutil.rmtree(stale)
+    resumed = mpirun_job([*common, "--sync", "ssp", "--staleness", "0", "--ps-servers", "2",
+                          "--checkpoint-dir", cut, "--resume"], 3)
+    assert resumed["steps"] == 132 and resumed["param_digest"] == out["param_digest"]
+
+
+@pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")
+def test_a_dead_worker_ends_the_job_within_60_s():
+    marker = "--seed=4242"
+    argv = [sys.executable, "-m", "toolkit", "launch", "-np", "3", "--launcher", "mpirun", "--timeout", "200",
+            "--", *TRAIN, *digits("torch"), "--sync", "async_ps", "--epochs", "500", marker]
+    job = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=clean_env(), cwd=ROOT, start_new_session=True)
+    try:
+        deadline, victim = time.monotonic() + 120, None
+        while victim is None:
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    if marker in " ".join(p.info["cmdline"] or []) and p.environ().get("OMPI_COMM_WORLD_RANK") == "2" \
+                            and p.cpu_times().user > 8:     # past its imports, training
+                        victim = p
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            time.sleep(0.5)
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = job.wait(timeout=90)
+        elapsed = time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    print(f"the parameter-server job stopped {elapsed:.1f} s after worker 2 was killed (exit {code})")
+    assert code != 0 and elapsed < 60
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])], \
+        "ranks left running"
+
+
+def test_more_servers_than_ranks_is_a_one_line_error():
+    argv = [sys.executable, "-m", "toolkit", "launch", "-np", "2", "--launcher", "mpirun", "--timeout", "100",
+            "--", *TRAIN, *digits("torch"), "--sync", "async_ps", "--ps-servers", "2"]
+    one_line_error(run(argv, timeout=120), "ps_servers=2", "2 rank(s)", "at least one worker")

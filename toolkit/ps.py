@@ -1,0 +1,349 @@
+"""Parameter-server training over mpi4py: `sync: async_ps` (fully asynchronous) and `sync: ssp`
+(stale-synchronous, no worker more than `staleness` steps ahead of the slowest).
+
+Ranks 0 .. ps_servers-1 are servers, the rest are workers. The parameters, flattened to one float32
+vector, are cut into one contiguous shard per server; a server holds its shard and the optimizer's
+state for it and applies every gradient as it arrives, with the configured optimizer (numpy, the
+update rules of torch.optim.SGD / Adam). A worker computes gradients with its framework
+(`adapter.local_gradients`), pushes one shard to each server and pulls back the new values, point to
+point (MPI Send/Recv on numpy buffers) with no barrier. Under SSP a server holds a worker's reply
+until the slowest worker is at most `staleness` steps behind it. Written once here for every
+framework; an adapter only provides `local_gradients`, `weights` and `set_weights`.
+
+Workers run Horovod on their own communicator (`hvd.init(comm=...)`, an mpi4py split of
+COMM_WORLD) for evaluation and the final replica check; servers need no framework at all.
+
+Staleness is recorded two ways: per update, how many updates the server applied between the
+worker's read and its gradient (`staleness`), and per reply, how many steps the worker is ahead
+of the slowest worker when it goes on (`clock_gap`, which SSP bounds by `staleness`).
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from toolkit import checkpoint, data as datasets, schedule
+from toolkit.compression import flatten, unflatten
+from toolkit.config import Config, Optimizer, Sync
+from toolkit.errors import ToolkitError
+
+# message tags (a header of int64 values is followed, for PUSH and replies, by a float32 payload)
+HEADER, DATA, STATS = 1, 2, 3
+# header kinds
+INIT, PUSH, DONE = 0, 1, 2
+SHARD_FILE = "shard.npz"
+
+
+def split(length: int, servers: int) -> list[tuple[int, int]]:
+    """(start, stop) of each server's shard of a flat vector of `length` values."""
+    edges = np.linspace(0, length, servers + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def bound(config: Config) -> int | None:
+    """The most steps a worker may run ahead of the slowest; None = unbounded (async)."""
+    return config.staleness if config.sync is Sync.SSP else None
+
+
+class ServerOptimizer:
+    """The configured optimizer on one shard, with torch.optim's update rules (coupled L2)."""
+
+    def __init__(self, config: Config, size: int):
+        self.config = config
+        self.slots = {"momentum": np.zeros(size, np.float32)} if config.optimizer is Optimizer.SGD else \
+            {"m": np.zeros(size, np.float32), "v": np.zeros(size, np.float32)}
+        self.t = 0
+
+    def step(self, params: np.ndarray, grad: np.ndarray, lr: float) -> None:
+        c = self.config
+        g = grad + c.weight_decay * params if c.weight_decay else grad
+        self.t += 1
+        if c.optimizer is Optimizer.SGD:
+            buf = self.slots["momentum"]
+            if c.momentum:
+                buf[:] = g if self.t == 1 else c.momentum * buf + g
+                g = buf
+            params -= lr * g
+        else:
+            b1, b2, eps = 0.9, 0.999, 1e-8
+            m, v = self.slots["m"], self.slots["v"]
+            m[:] = b1 * m + (1 - b1) * g
+            v[:] = b2 * v + (1 - b2) * g * g
+            step = lr / (1 - b1 ** self.t)
+            params -= step * m / (np.sqrt(v / (1 - b2 ** self.t)) + eps)
+
+
+class Server:
+    def __init__(self, config: Config, world, index: int, servers: int, n_train: int):
+        self.config, self.world, self.index = config, world, index
+        self.workers = list(range(servers, world.Get_size()))
+        b, k = config.batch_size, config.accumulation_steps
+        self.steps_per_epoch = datasets.steps_per_epoch(n_train, len(self.workers), b, k)
+        self.updates_per_epoch = self.steps_per_epoch * len(self.workers)
+        self.updates_per_sample_epoch = n_train // (b * k)      # lr warm-up counts samples, as sync does
+        self.bound = bound(config)
+        self.params = None
+        self.optimizer = None
+        self.version = 0                # updates applied to this shard
+        self.staleness = collections.Counter()
+        self.clock_gaps = collections.Counter()
+        self.folder = Path(config.checkpoint_dir) / f"server-{index}" if config.checkpoint_dir else None
+
+    # -- state: from worker 0's initial weights, or from this server's checkpoint --------------------
+    def _load(self, servers) -> None:
+        """This shard from the newest step every server has a checkpoint of (`servers`: their
+        communicator), so the shards put back together are one model."""
+        found = {int(p.name[len(checkpoint.PREFIX):]): p for p in checkpoint.all_checkpoints(self.folder)}
+        common = set.intersection(*servers.allgather(set(found)))
+        if not common:
+            raise ToolkitError(f"--resume: no step has a checkpoint from every server in {self.config.checkpoint_dir}"
+                               f"/server-*; run without --resume, or with the ps_servers of the run that wrote them")
+        path = found[max(common)]
+        meta = checkpoint.verify(path)
+        arrays = np.load(path / SHARD_FILE)
+        self.params = arrays["params"].copy()
+        self.optimizer = ServerOptimizer(self.config, self.params.size)
+        for name in self.optimizer.slots:
+            self.optimizer.slots[name][:] = arrays[name]
+        self.optimizer.t = int(meta["optimizer_t"])
+        self.version = int(meta["step"])
+
+    def _save(self) -> None:
+        def write(folder: Path) -> None:
+            np.savez(folder / SHARD_FILE, params=self.params, **self.optimizer.slots)
+        checkpoint.save(self.folder, self.version, {"epoch": self.version // self.updates_per_epoch,
+                                                    "optimizer_t": self.optimizer.t}, write,
+                        keep=self.config.keep_checkpoints)
+
+    def _recv_header(self):
+        from mpi4py import MPI
+        status = MPI.Status()
+        header = np.empty(3, np.int64)
+        self.world.Recv(header, source=MPI.ANY_SOURCE, tag=HEADER, status=status)
+        return status.Get_source(), header
+
+    def _reply(self, worker: int) -> None:
+        self.world.Send(np.array([self.version, self.version // self.updates_per_epoch, 0], np.int64),
+                        dest=worker, tag=HEADER)
+        self.world.Send(self.params, dest=worker, tag=DATA)
+
+    def serve(self, servers) -> dict:
+        c = self.config
+        if c.resume:
+            self._load(servers)
+        else:
+            source, header = self._recv_header()     # worker 0 sends the initial weights
+            assert header[0] == INIT and source == self.workers[0], f"expected INIT from worker 0, got {header}"
+            self.params = np.empty(int(header[1]), np.float32)
+            self.world.Recv(self.params, source=source, tag=DATA)
+            self.optimizer = ServerOptimizer(c, self.params.size)
+        for w in self.workers:
+            self._reply(w)
+        clocks = {w: 0 for w in self.workers}
+        active, waiting = set(self.workers), {}
+        while active:
+            source, header = self._recv_header()
+            if header[0] == DONE:
+                active.discard(source)
+            else:
+                grad = np.empty_like(self.params)
+                self.world.Recv(grad, source=source, tag=DATA)
+                stale = self.version - int(header[2])
+                self.staleness[stale] += 1
+                lr = schedule.lr_at(c, 1, self.version, self.updates_per_sample_epoch)
+                if c.staleness_lr_damping and stale > 0:
+                    lr /= stale + 1         # staleness-aware lr (Zhang et al. 2016)
+                self.optimizer.step(self.params, grad, lr)
+                self.version += 1
+                clocks[source] = int(header[1]) + 1
+                waiting[source] = clocks[source]
+                if self.folder and self.version % self.updates_per_epoch == 0:
+                    self._save()
+            slowest = min((clocks[w] for w in active), default=None)
+            for w in sorted(waiting):
+                gap = waiting[w] - slowest if slowest is not None else 0
+                if self.bound is None or gap <= self.bound:
+                    self.clock_gaps[max(gap, 0)] += 1
+                    self._reply(w)
+                    del waiting[w]
+        for w in self.workers:          # everyone's final model: the same on every worker
+            self._reply(w)
+        stats = {"updates": self.version, "staleness": dict(self.staleness), "clock_gap": dict(self.clock_gaps)}
+        self.world.send(stats, dest=self.workers[0], tag=STATS)
+        return stats
+
+
+class Client:
+    """A worker's side: push a gradient to every server, pull every shard back."""
+
+    def __init__(self, world, servers: int, like: list):
+        self.world, self.servers, self.like = world, servers, like
+        self.length = sum(int(np.size(a)) for a in like)
+        self.shards = split(self.length, servers)
+        self.versions = [0] * servers
+        self.flat = np.empty(self.length, np.float32)
+        self.epoch = 0
+
+    def send_initial(self, weights) -> None:
+        flat = flatten(weights)
+        for s, (a, b) in enumerate(self.shards):
+            self.world.Send(np.array([INIT, b - a, 0], np.int64), dest=s, tag=HEADER)
+            self.world.Send(np.ascontiguousarray(flat[a:b]), dest=s, tag=DATA)
+
+    def _receive(self) -> list:
+        """Post a receive for every server's reply (header, then its shard into self.flat)."""
+        self.headers = [np.empty(3, np.int64) for _ in self.shards]
+        requests = []
+        for s, (a, b) in enumerate(self.shards):
+            requests.append(self.world.Irecv(self.headers[s], source=s, tag=HEADER))
+            requests.append(self.world.Irecv(self.flat[a:b], source=s, tag=DATA))
+        return requests
+
+    def _received(self) -> list:
+        for s, header in enumerate(self.headers):
+            self.versions[s], self.epoch = int(header[0]), int(header[1])
+        return unflatten(self.flat, self.like)
+
+    def pull(self) -> list:
+        from mpi4py import MPI
+        MPI.Request.Waitall(self._receive())
+        return self._received()
+
+    def push_pull(self, grads, clock: int) -> list:
+        """Push this step's gradient to every server and take the new parameters back. The replies'
+        receives are posted before the sends: a server blocked sending to this worker must never
+        wait on a worker blocked sending to it (with two servers that cycle deadlocks)."""
+        from mpi4py import MPI
+        requests = self._receive()
+        flat = flatten(grads)
+        for s, (a, b) in enumerate(self.shards):
+            requests.append(self.world.Isend(np.array([PUSH, clock, self.versions[s]], np.int64), dest=s, tag=HEADER))
+            requests.append(self.world.Isend(flat[a:b], dest=s, tag=DATA))
+        MPI.Request.Waitall(requests)
+        return self._received()
+
+    def done(self, clock: int) -> None:
+        for s in range(self.servers):
+            self.world.Send(np.array([DONE, clock, 0], np.int64), dest=s, tag=HEADER)
+
+    def stats(self) -> dict:
+        """Every server's statistics, merged (worker 0 only)."""
+        merged = {"updates": 0, "staleness": collections.Counter(), "clock_gap": collections.Counter()}
+        for s in range(self.servers):
+            part = self.world.recv(source=s, tag=STATS)
+            merged["updates"] = max(merged["updates"], part["updates"])
+            merged["staleness"].update(part["staleness"])
+            merged["clock_gap"].update(part["clock_gap"])
+        return merged
+
+
+def _world():
+    """MPI.COMM_WORLD, or a one-line error when this process was not started by MPI."""
+    import os
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ToolkitError("sync=async_ps/ssp needs mpi4py: run `make setup`") from None
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1 and "HOROVOD_RANK" in os.environ:
+        raise ToolkitError("sync=async_ps/ssp talks through MPI and this job was started over Gloo; launch with "
+                           "mpirun, `horovodrun --mpi` or `toolkit launch --mpi`")
+    return world
+
+
+def summarize(stats: dict) -> dict:
+    """The JSON summary's staleness figures from merged server statistics."""
+    stale, gaps = stats["staleness"], stats["clock_gap"]
+    n = sum(stale.values())
+    return {"updates": stats["updates"],
+            "staleness_mean": sum(k * v for k, v in stale.items()) / n if n else 0.0,
+            "staleness_max": max(stale, default=0),
+            "staleness_histogram": {str(k): stale[k] for k in sorted(stale)},
+            "clock_gap_max": max(gaps, default=0),
+            "clock_gap_histogram": {str(k): gaps[k] for k in sorted(gaps)}}
+
+
+def run(config: Config) -> dict:
+    """Every rank of a parameter-server job calls this (from toolkit.trainer.run)."""
+    from toolkit import registry
+    from toolkit.trainer import _evaluate, _log, _replica_digests, digest
+
+    world = _world()
+    size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
+    if size <= servers:
+        raise ToolkitError(f"ps_servers={servers} but the job has {size} rank(s): at least one worker is needed; "
+                           f"launch {servers + 1} or more ranks (mpirun -np {servers + 1}) or lower ps_servers")
+    data = datasets.load(config)
+    n_train = len(data.x_train)
+    if datasets.steps_per_epoch(n_train, size - servers, config.batch_size, config.accumulation_steps) < 1:
+        raise ToolkitError(f"batch_size={config.batch_size} x accumulation_steps={config.accumulation_steps} x "
+                           f"{size - servers} workers is more than the {n_train} training samples; lower batch_size")
+    delay = config.straggler_delays().get(rank, 0.0)
+    group = world.Split(color=0 if rank < servers else 1, key=rank)
+    if rank < servers:
+        Server(config, world, rank, servers, n_train).serve(group)
+        return {"rank": None}
+
+    adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
+    topo = adapter.init(config, comm=group)      # Horovod among the workers only
+    w, workers = topo.rank, topo.size
+    adapter.build(config, data.num_features, data.num_classes)
+    initial_digests = _replica_digests(adapter, "toolkit.initial_digest")
+    adapter.wrap(config)
+    client = Client(world, servers, adapter.weights())
+    if w == 0:
+        for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "config.yaml").write_text(config.to_yaml())
+        if not config.resume:
+            client.send_initial(adapter.weights())
+    adapter.set_weights(client.pull())
+    b, k = config.batch_size, config.accumulation_steps
+    spe = datasets.steps_per_epoch(n_train, workers, b, k)
+    how = f"ssp, staleness {config.staleness}" if config.sync is Sync.SSP else "async"
+    _log(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
+            f"{spe} steps/epoch per worker, batch {b * k} per update")
+    clock, losses, loss, t0 = 0, [], None, time.perf_counter()
+    test_x, test_y = data.x_test[w::workers], data.y_test[w::workers]
+    for epoch in range(client.epoch, config.epochs):
+        shard = datasets.epoch_shard(n_train, epoch, config.seed, w, workers)
+        losses = []
+        for s in range(spe):
+            if delay:
+                time.sleep(delay)
+            batches = [(data.x_train[idx], data.y_train[idx])
+                       for idx in (shard[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k))]
+            step_loss, grads = adapter.local_gradients(batches)
+            losses.append(step_loss)
+            adapter.set_weights(client.push_pull(grads, clock))
+            clock += 1
+        loss = float(np.mean(losses))
+        if w == 0:      # this worker's view (the others are at most `staleness` steps apart)
+            test_loss, correct, count = adapter.evaluate(data.x_test, data.y_test)
+            _log(w, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss / count:.4f}  "
+                    f"accuracy {correct / count:.4f}  (worker 0's model)", config.quiet)
+    client.done(clock)
+    adapter.set_weights(client.pull())          # the servers' final parameters
+    seconds = time.perf_counter() - t0
+    stats = summarize(client.stats()) if w == 0 else {}
+    loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]))[0])
+    _, accuracy = _evaluate(adapter, test_x, test_y)
+    digests = _replica_digests(adapter, "toolkit.final_digest")
+    if len(set(digests)) != 1:
+        raise ToolkitError(f"replica check failed: workers ended with different parameters ({digests})", code=1)
+    samples = float(adapter.allreduce(np.array([clock * b * k], np.float64), average=False)[0])
+    return {
+        "framework": config.framework, "backend": config.backend.value, "world_size": workers,
+        "processes": size, "path": f"parameter server over mpi4py ({servers} server(s), {how})",
+        "steps": client.versions[0], "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
+        "param_digest": digests[0], "initial_digests": initial_digests,
+        "lr": schedule.lr_at(config, 1, client.versions[0], n_train // (b * k)),
+        "samples_per_sec": samples / seconds if seconds else 0.0,
+        "compression": config.compression.value, "sync": config.sync.value,
+        "staleness_bound": bound(config), "servers": servers, **stats,
+        "device": topo.device, "rank": w,
+    }
