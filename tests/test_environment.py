@@ -1,4 +1,5 @@
 """The environment `make setup` promises: Horovod built for all three frameworks, MXNet importable."""
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,7 @@ def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
     ok = toolkit("doctor", "--framework", "torch", timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "horovod.torch" in ok.stdout and "ready: framework=torch" in ok.stdout
+    assert re.search(r"^ok +mpi job +2-process mpi4py allreduce ok; mpi4py runs on Open MPI v", ok.stdout, re.M), ok.stdout
     # A Horovod whose torch extension is missing: doctor imports it, fails it, names the fix.
     fake = tmp_path / "horovod"
     (fake / "torch").mkdir(parents=True)

@@ -46,6 +46,41 @@ def _dist_version(name: str):
         return None
 
 
+_MPI_PROBE = r"""
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank() + 1)
+if comm.Get_rank() == 0:
+    print(total, MPI.Get_library_version().splitlines()[0].split(",")[0].strip())
+"""
+
+
+def _check_mpi(mpirun: str, mpirun_version: str) -> None:
+    """A real 2-process MPI job through mpi4py (what sync: ssp/async_ps and `hvd.init(comm=...)`
+    use), and the library mpi4py loaded against the mpirun on PATH."""
+    import os
+    argv = [mpirun, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe", "-np", "2",
+            sys.executable, "-c", _MPI_PROBE]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        _line("FAIL", "mpi job", "a 2-process mpi4py allreduce did not finish in 60 s",
+              "check `mpirun -np 2 hostname`; on containers try OMPI_MCA_btl_vader_single_copy_mechanism=none")
+        return
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not out or not out[-1].startswith("3 "):
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        _line("FAIL", "mpi job", f"2-process mpi4py allreduce failed (exit {proc.returncode}): {why}",
+              "reinstall mpi4py against this Open MPI (`pip install --force-reinstall mpi4py`)")
+        return
+    library = out[-1].split(" ", 1)[1]
+    number = library.split("v")[-1]
+    same = number in mpirun_version
+    _line("ok" if same else "warn", "mpi job", f"2-process mpi4py allreduce ok; mpi4py runs on {library}",
+          "" if same else f"mpi4py loads {library} but mpirun is `{mpirun_version}`: put one MPI first on PATH and "
+                          "LD_LIBRARY_PATH")
+
+
 def report(framework: str) -> int:
     """Print every check; return 1 if `framework` cannot train here, else 0."""
     registry.spec(framework)   # an unknown name fails now, not after the probes
@@ -66,6 +101,8 @@ def report(framework: str) -> int:
         _line("FAIL", "mpi", "mpirun not found", f"apt-get install {' '.join(pins.APT_PACKAGES)}")
     m4 = _dist_version("mpi4py")
     _line("ok" if m4 else "warn", "mpi4py", m4 or "not installed", "" if m4 else "run `make setup`")
+    if mpirun and m4:
+        _check_mpi(mpirun, version[0] if version else "")
 
     hvd = _dist_version("horovod")
     key = horovod_build.installed_key()
