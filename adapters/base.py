@@ -132,8 +132,8 @@ class Adapter(abc.ABC):
         """Distributed optimizer with the configured compression, accumulation and op."""
 
     @abc.abstractmethod
-    def broadcast(self) -> None:
-        """Model and optimizer state from rank 0 to every rank."""
+    def broadcast(self, root: int = 0) -> None:
+        """Model and optimizer state from rank `root` to every rank."""
 
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None: ...
@@ -155,6 +155,11 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def load(self, folder: Path) -> None: ...
+
+    def join(self) -> int:
+        """Horovod's join: this rank has no more batches; its allreduces count as zeros until
+        every rank has joined. Returns the last rank to join."""
+        raise NotImplementedError(f"{type(self).__name__} has no join (see toolkit/registry.py)")
 
     # -- elastic training (toolkit/elastic.py), for the adapters the registry marks elastic -------
     def snapshot(self):
@@ -207,8 +212,10 @@ class Adapter(abc.ABC):
 
     # -- tensor operations for toolkit algorithms -------------------------------------------------
     @abc.abstractmethod
-    def allreduce(self, array, average: bool = True):
-        """numpy array in, numpy array out, summed or averaged over ranks."""
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
+        collective by a per-process counter, so ranks that ran different numbers of operations
+        (uneven data, joined ranks) must name theirs."""
 
     # Object collectives, the same for every framework's Horovod module (set as self.hvd in init).
     # Horovod names them after type(obj) unless told: ranks passing objects of different types

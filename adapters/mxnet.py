@@ -75,8 +75,8 @@ class MxnetAdapter(Adapter):
         # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
         self.step_divisor = 1.0 / hvd.size() if config.op is Op.SUM else 1.0
 
-    def broadcast(self) -> None:
-        self.hvd.broadcast_parameters(self.params, root_rank=0)
+    def broadcast(self, root: int = 0) -> None:
+        self.hvd.broadcast_parameters(self.params, root_rank=root)
         # A sync point, as Horovod itself once had here (horovod PR #793): the in-place broadcasts
         # run asynchronously on MXNet's engine; the trainer's own init broadcast (in save_states /
         # the first step) must not overlap them. A rare SIGSEGV in EnqueueTensorBroadcast was seen
@@ -168,9 +168,9 @@ class MxnetAdapter(Adapter):
     def parameters(self) -> list:
         return [p.data(self.ctx).asnumpy() for p in self.params.values()]
 
-    def allreduce(self, array, average: bool = True):
+    def allreduce(self, array, average: bool = True, name: str | None = None):
         array = np.ascontiguousarray(array)
-        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average)
+        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average, name=name)
         return out.asnumpy()
 
     def allgather(self, array):

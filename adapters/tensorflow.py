@@ -174,10 +174,10 @@ class TensorflowAdapter(Adapter):
         self._step, self._local_gradients, self._apply = (tf.function(step), tf.function(summed_gradients),
                                                           tf.function(apply))
 
-    def broadcast(self) -> None:
+    def broadcast(self, root: int = 0) -> None:
         hvd = self.hvd
         for i, v in enumerate(self.model.variables + list(self.optimizer.variables)):
-            v.assign(hvd.broadcast(v.value, root_rank=0, name=f"toolkit.broadcast.{i}"))
+            v.assign(hvd.broadcast(v.value, root_rank=root, name=f"toolkit.broadcast.{i}"))
 
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate = lr
@@ -249,9 +249,9 @@ class TensorflowAdapter(Adapter):
     def parameters(self) -> list:
         return self.model.get_weights()
 
-    def allreduce(self, array, average: bool = True):
+    def allreduce(self, array, average: bool = True, name: str | None = None):
         out = self.hvd.allreduce(tf.constant(np.ascontiguousarray(array)),
-                                 op=self.hvd.Average if average else self.hvd.Sum)
+                                 op=self.hvd.Average if average else self.hvd.Sum, name=name)
         return out.numpy()
 
     def allgather(self, array):

@@ -143,7 +143,7 @@ class NativeAdapter(TensorflowAdapter):
 
         self._step = step
 
-    def broadcast(self) -> None:
+    def broadcast(self, root: int = 0) -> None:
         """Replica 0's model and optimizer state on every replica (masked SUM all-reduce)."""
         variables = self.model.weights + list(self.optimizer.variables)
 
@@ -192,7 +192,7 @@ class NativeAdapter(TensorflowAdapter):
         out = self._process_sum(tf.constant(array))
         return self.strategy.experimental_local_results(out)[0].numpy()
 
-    def allreduce(self, array, average: bool = True):
+    def allreduce(self, array, average: bool = True, name: str | None = None):
         total = self._sum_over_processes(np.ascontiguousarray(array))
         return total / self.size if average else total
 

@@ -70,8 +70,8 @@ class TfKerasAdapter(TensorflowAdapter):
         self.model.compile(optimizer=self.optimizer,
                            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    def broadcast(self) -> None:
-        self.hvd.broadcast_variables(self.model.variables + list(self.optimizer.variables), root_rank=0)
+    def broadcast(self, root: int = 0) -> None:
+        self.hvd.broadcast_variables(self.model.variables + list(self.optimizer.variables), root_rank=root)
 
     def train_step(self, batches) -> float:
         # Horovod's optimizer aggregates locally and allreduces + applies on every k-th call.

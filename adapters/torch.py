@@ -67,11 +67,14 @@ class TorchAdapter(Adapter):
             backward_passes_per_step=config.accumulation_steps,
             op={Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: hvd.Adasum}[config.op])
 
-    def broadcast(self) -> None:
+    def broadcast(self, root: int = 0) -> None:
         # Optimizer state first: Horovod fills an empty state with a zero-gradient step, which
         # must not touch parameters after they are made equal.
-        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=root)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=root)
+
+    def join(self) -> int:
+        return self.hvd.join()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -159,9 +162,9 @@ class TorchAdapter(Adapter):
     def parameters(self) -> list:
         return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
 
-    def allreduce(self, array, average: bool = True):
+    def allreduce(self, array, average: bool = True, name: str | None = None):
         out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
-                                 op=self.hvd.Average if average else self.hvd.Sum)
+                                 op=self.hvd.Average if average else self.hvd.Sum, name=name)
         return out.numpy()
 
     def allgather(self, array):

@@ -155,6 +155,9 @@ class Config:
                                                 "line (horovodrun --host-discovery-script)")
     elastic_commit_every: Optional[int] = _f(None, "elastic: steps between in-memory commits of the training "
                                                    "state (what a failure rolls back to); unset = 10")
+    uneven_data: Optional[str] = _f(None, "give ranks different amounts of data, for tests and benchmarks: "
+                                          "`RANK:FRACTION[,...]` trains that rank on FRACTION of its batches "
+                                          "each epoch; it then joins (hvd.join) while the others finish")
     straggler: Optional[str] = _f(None, "slow ranks down on purpose, for tests and benchmarks: `RANK:MS[,RANK:MS]` "
                                         "sleeps MS milliseconds before each of that rank's steps")
     quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
@@ -191,6 +194,7 @@ class Config:
                                "(the folder an earlier run wrote checkpoints to)")
         self._check_elastic()
         self.straggler_delays()     # validates the spec
+        self.data_fractions()
         self._check_capabilities()
 
     @property
@@ -214,6 +218,24 @@ class Config:
                                "which keeps per-rank state: use compression none or fp16 and sync every_step")
         if self.elastic_commit_every is None:
             object.__setattr__(self, "elastic_commit_every", 10)
+
+    def data_fractions(self) -> dict[int, float]:
+        """{rank: fraction of its batches it trains on} from `uneven_data`."""
+        fractions = {}
+        for item in filter(None, (self.uneven_data or "").replace(" ", "").split(",")):
+            rank, _, fraction = item.partition(":")
+            try:
+                fractions[int(rank)] = float(fraction)
+                if int(rank) < 0 or not 0 <= float(fraction) <= 1:
+                    raise ValueError
+            except ValueError:
+                raise ToolkitError(f"uneven_data={self.uneven_data!r}: expected RANK:FRACTION[,RANK:FRACTION] with "
+                                   "RANK >= 0 and FRACTION in [0, 1], e.g. --uneven-data 1:0.5") from None
+        if fractions and self.sync not in PS_SYNCS:
+            if self.toolkit_exchange or self.elastic:
+                raise ToolkitError("uneven_data under sync every_step needs Horovod's join in its distributed "
+                                   "optimizer: drop compression bf16/int8/topk, local_sgd and elastic, or use sync ssp")
+        return fractions
 
     def straggler_delays(self) -> dict[int, float]:
         """{rank: seconds to sleep before each step} from `straggler`."""
@@ -318,6 +340,10 @@ class Config:
                 keras = f" keras={self.keras.value!r}" if self.keras is not Keras.KERAS3 else ""
                 raise ToolkitError(f"{name}={value!r} is not available for framework={self.framework!r} with "
                                    f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
+        if self.uneven_data and self.sync not in PS_SYNCS and not impl.join:
+            raise ToolkitError(f"uneven_data is not available for framework={self.framework!r} with backend={backend!r}"
+                               f"{' keras=' + repr(self.keras.value) if self.keras is not Keras.KERAS3 else ''} "
+                               "(hvd.join is used for torch only); use framework torch, or sync ssp")
         if self.elastic and not impl.elastic:
             raise ToolkitError(f"elastic training is not available for framework={self.framework!r} with "
                                f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys")

@@ -283,6 +283,7 @@ def run(config: Config) -> dict:
         raise ToolkitError(f"batch_size={config.batch_size} x accumulation_steps={config.accumulation_steps} x "
                            f"{size - servers} workers is more than the {n_train} training samples; lower batch_size")
     delay = config.straggler_delays().get(rank, 0.0)
+    fraction = config.data_fractions().get(rank, 1.0)       # uneven_data: this worker's share of its batches
     group = world.Split(color=0 if rank < servers else 1, key=rank)
     if rank < servers:
         Server(config, world, rank, servers, n_train).serve(group)
@@ -312,7 +313,7 @@ def run(config: Config) -> dict:
     for epoch in range(client.epoch, config.epochs):
         shard = datasets.epoch_shard(n_train, epoch, config.seed, w, workers)
         losses = []
-        for s in range(spe):
+        for s in range(int(spe * fraction)):
             if delay:
                 time.sleep(delay)
             batches = [(data.x_train[idx], data.y_train[idx])
@@ -330,12 +331,12 @@ def run(config: Config) -> dict:
     adapter.set_weights(client.pull())          # the servers' final parameters
     seconds = time.perf_counter() - t0
     stats = summarize(client.stats()) if w == 0 else {}
-    loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]))[0])
+    loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]), name="toolkit.ps_loss")[0])
     _, accuracy = _evaluate(adapter, test_x, test_y)
     digests = _replica_digests(adapter, "toolkit.final_digest")
     if len(set(digests)) != 1:
         raise ToolkitError(f"replica check failed: workers ended with different parameters ({digests})", code=1)
-    samples = float(adapter.allreduce(np.array([clock * b * k], np.float64), average=False)[0])
+    samples = float(adapter.allreduce(np.array([clock * b * k], np.float64), average=False, name="toolkit.ps_samples")[0])
     return {
         "framework": config.framework, "backend": config.backend.value, "world_size": workers,
         "processes": size, "path": f"parameter server over mpi4py ({servers} server(s), {how})",

@@ -27,6 +27,7 @@ class Implementation:
     syncs: tuple[str, ...] = ALL_SYNCS
     why_not: str = ""                            # said when an op, compression or sync is refused
     elastic: bool = False                        # Horovod elastic (hvd.elastic.run) implemented
+    join: bool = False                           # hvd.join() (uneven_data under sync every_step)
     why_not_elastic: str = "Horovod elastic needs the framework's State and run(); use torch or tensorflow"
 
 
@@ -43,7 +44,7 @@ class AdapterSpec:
 
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("torch", "pip install torch==2.13.0 (or run `make setup`)",
-                         {"horovod": Implementation("adapters.torch:TorchAdapter", elastic=True)}),
+                         {"horovod": Implementation("adapters.torch:TorchAdapter", elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
         {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter", elastic=True),

@@ -88,7 +88,7 @@ def _evaluate(adapter, x, y) -> tuple[float, float]:
     import numpy as np
 
     loss_sum, correct, count = adapter.allreduce(np.array(adapter.evaluate(x, y), dtype=np.float64),
-                                                 average=False)
+                                                 average=False, name="toolkit.evaluate")
     return loss_sum / count, correct / count
 
 
@@ -127,7 +127,7 @@ def run(config: Config) -> dict:
             (Path(folder) / "config.yaml").write_text(config.to_yaml())
     n_train = len(data.x_train)
     b, k = config.batch_size, config.accumulation_steps
-    delays = config.straggler_delays()
+    delays, fractions = config.straggler_delays(), config.data_fractions()
     metrics = None
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     progress = dict(epoch=int(meta.get("epoch", 0)), position=0, step=int(meta.get("step", 0)),
@@ -159,12 +159,16 @@ def run(config: Config) -> dict:
         if metrics is None and rank == 0 and (config.log_dir or config.wandb_project):
             metrics = metrics_log.MetricsLog(config)
         delay = delays.get(rank, 0.0)
+        my_steps = int(spe * fractions.get(rank, 1.0))      # uneven_data: this rank's batches per epoch
         while state.epoch < config.epochs:
             epoch = state.epoch
             order = datasets.epoch_order(n_train, epoch, config.seed)
             t0, done = time.perf_counter(), 0
             bar = _progress_bar(config, rank, epoch, spe, state.position // (b * k * world))
             while datasets.steps_left(n_train, state.position, world, b, k):
+                if state.position // (b * k * world) >= my_steps:   # out of data: the others go on
+                    state.step, state.position = state.step + 1, state.position + b * k * world
+                    continue
                 adapter.set_lr(lr := schedule.lr_at(config, world, state.step, spe))
                 if delay:
                     time.sleep(delay)
@@ -180,12 +184,14 @@ def run(config: Config) -> dict:
                     state.commit()
             if bar:
                 bar.close()
+            if fractions:   # ranks that ran out joined: the last one has every step; its model for all
+                adapter.broadcast(root=adapter.join())
             comm.end_epoch()
             state.seconds += time.perf_counter() - t0
             state.samples += done * b * k * world
             total, count = state.epoch_loss
             mean = np.array([total / count if count else np.nan], dtype=np.float64)
-            state.loss = loss = float(adapter.allreduce(mean)[0])
+            state.loss = loss = float(adapter.allreduce(mean, name="toolkit.epoch_loss")[0])
             test_loss, state.accuracy = _evaluate(adapter, test_x, test_y)
             speed = state.samples / state.seconds if state.seconds else 0.0
             lr = state.lr if state.lr is not None else schedule.lr_at(config, world, state.step, spe)
