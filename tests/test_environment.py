@@ -10,11 +10,6 @@ from toolkit import horovod_build, pins
 pytest.importorskip("horovod", reason="run `make setup` to build Horovod")
 
 
-def test_every_horovod_extension_really_imports():
-    status = horovod_build.extension_status()
-    assert status == {fw: None for fw in pins.HOROVOD_FRAMEWORKS}, status
-
-
 def test_installed_build_is_the_cached_one():
     key = horovod_build.installed_key()
     assert key is not None and key.startswith(f"horovod{pins.HOROVOD}_")
@@ -35,6 +30,8 @@ def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
     ok = toolkit("doctor", "--framework", "torch", timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "horovod.torch" in ok.stdout and "ready: framework=torch" in ok.stdout
+    for fw, (_, _, ext) in pins.HOROVOD_FRAMEWORKS.items():    # doctor imports every extension itself
+        assert re.search(rf"^ok +{re.escape(ext)} +imports; built with: mpi, gloo", ok.stdout, re.M), (fw, ok.stdout)
     assert re.search(r"^ok +mpi job +2-process mpi4py allreduce ok; mpi4py runs on Open MPI v", ok.stdout, re.M), ok.stdout
     # A Horovod whose torch extension is missing: doctor imports it, fails it, names the fix.
     fake = tmp_path / "horovod"

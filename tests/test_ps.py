@@ -61,13 +61,13 @@ def test_ssp_with_a_straggler_keeps_its_bound_and_trains_digits(fw):
     if why := horovod_status(fw):
         pytest.skip(f"horovod.{fw} does not import: {why}")
     # rank 0 serves, ranks 1-2 work; rank 2 is slowed down, so rank 1 runs ahead up to the bound
-    out = mpirun_job([*digits(fw), "--sync", "ssp", "--staleness", "4", "--straggler", "2:15", "--epochs", "8"], 3)
+    out = mpirun_job([*digits(fw), "--sync", "ssp", "--staleness", "4", "--straggler", "2:15", "--epochs", "5"], 3)
     print(f"{fw}: accuracy {out['accuracy']:.4f}, clock gaps {out['clock_gap_histogram']}, "
           f"staleness {out['staleness_histogram']}, {out['samples_per_sec']:.0f} samples/s")
     assert out["sync"] == "ssp" and out["staleness_bound"] == 4 and out["world_size"] == 2
     assert out["clock_gap_max"] <= 4, "a worker ran more steps ahead of the slowest than staleness allows"
     assert out["clock_gap_max"] >= 2, "the straggler never let the other worker run ahead: the bound was not tested"
-    assert out["updates"] == out["steps"] == 2 * 8 * 22          # every gradient applied once
+    assert out["updates"] == out["steps"] == 2 * 5 * 22          # every gradient applied once
     assert out["accuracy"] > 0.9
 
 
