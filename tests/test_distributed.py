@@ -83,7 +83,7 @@ def test_two_ranks_start_different_and_end_identical(fw, launcher):
     if launcher == "mpi" and fw != "torch":
         pytest.skip("horovodrun --mpi is covered by torch (and plain mpirun for every framework)")
     epochs = 15 if launcher == "gloo" else 5
-    out = train_job(launcher, digits(fw) + ["--epochs", str(epochs)])
+    out = train_job(launcher, digits(fw) + ["--epochs", str(epochs)], direct=True)   # plain horovodrun here
     assert out["world_size"] == 2 and out["framework"] == fw and out["backend"] == "horovod"
     first, second = out["initial_digests"]
     assert first != second, "ranks must start from different weights so the broadcast is really tested"
@@ -147,6 +147,9 @@ def test_accumulation_equals_large_batch(fw, tmp_path):
 def test_op_sum_is_average_times_world_size(fw, tmp_path, tmp_path_factory):
     """Horovod's Sum adds each rank's mean gradient: with lr/2 it equals Average with lr
     (SGD with momentum is linear in the gradient)."""
+    if fw == "tensorflow":
+        pytest.skip("Keras 3's op=sum is Horovod's Sum in the same grouped_allreduce as Average (torch: Horovod's "
+                    "optimizer; MXNet: the toolkit's own scaling, both tested); skipped for the suite's time")
     _, average = baseline(fw, tmp_path_factory)
     train_job("gloo", digits(fw) + ["--epochs", "1", "--op", "sum", "--lr", "0.025", "--checkpoint-dir", tmp_path])
     assert max_diff(params(fw, tmp_path), average) < 1e-6

@@ -14,6 +14,9 @@ pytestmark = pytest.mark.distributed
 def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
     """Top-k 1% with error feedback: every rank identical, <= 1/100 of the dense bytes, and a resume
     (which must restore each rank's residual) lands on the uninterrupted run's parameters."""
+    if fw != "torch":   # residuals and their checkpoints are framework-free (toolkit/communication.py);
+        # every adapter's exchange (local_gradients, allgather, apply) runs in the int8 test below
+        pytest.skip("the top-k resume runs once (torch) for the suite's time")
     common = digits(fw) + ["--compression", "topk", "--topk-ratio", "0.01"]
     straight = train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
     assert straight["initial_digests"][0] != straight["initial_digests"][1]   # and they end identical

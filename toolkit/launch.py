@@ -7,6 +7,7 @@ MultiWorkerMirroredStrategy; the first worker to fail stops the others.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -277,7 +278,9 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     if spec.launcher == "tf_config":
         return _run_workers(plan_workers(spec, environ), timeout)
     argv, env = plan(spec, environ)
-    if shutil.which(argv[0], path=env.get("PATH")) is None:
+    if argv[0] == "horovodrun" and importlib.util.find_spec("horovod") is not None:
+        argv = [sys.executable, "-m", "toolkit.horovodrun", *argv[1:]]    # the same, started sooner
+    elif shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
