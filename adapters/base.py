@@ -169,6 +169,10 @@ class Adapter(abc.ABC):
     def restore(self, snapshot) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
 
+    def elastic_run(self, func):
+        """`func(state)` under Horovod elastic: the framework's `hvd.elastic.run`."""
+        return self.hvd.elastic.run(func)
+
     def on_reset(self, config) -> None:
         """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
 

@@ -243,6 +243,25 @@ class TensorflowAdapter(Adapter):
         for v, a in zip(self.model.variables + list(self.optimizer.variables), snapshot, strict=True):
             v.assign(a)
 
+    def elastic_run(self, func):
+        """horovod.tensorflow.elastic.run, fixed: Horovod 0.28.1's turns a TF UnknownError into a
+        recoverable HorovodInternalError only for HorovodAllreduce/Allgather/Broadcast, so a peer lost
+        during the step's HorovodGroupedAllreduce was not recognised, and its wrapper then returned
+        None instead of re-raising: training "ended" and the job crashed after it (seen in the elastic
+        test when the kill landed mid-step)."""
+        from horovod.common.elastic import run_fn
+        from horovod.common.exceptions import HorovodInternalError
+        from horovod.tensorflow.elastic import _reset
+
+        def wrapper(state, *args, **kwargs):
+            try:
+                return func(state, *args, **kwargs)
+            except tf.errors.UnknownError as e:
+                if "Horovod" in (e.message or ""):
+                    raise HorovodInternalError(e) from e
+                raise
+        return run_fn(wrapper, _reset)
+
     def on_reset(self, config) -> None:
         self.wrap(config)   # the step graph was traced for the old world size (allreduce or not)
 

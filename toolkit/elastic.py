@@ -37,5 +37,5 @@ class TrainingState(ObjectState):
 def run(adapter, train, on_reset, **progress):
     """train(state) under the framework's `hvd.elastic.run`; returns the final state."""
     state = TrainingState(adapter, on_reset, **progress)
-    adapter.hvd.elastic.run(train)(state)
+    adapter.elastic_run(train)(state)
     return state
