@@ -221,16 +221,9 @@ class Config:
 
     def data_fractions(self) -> dict[int, float]:
         """{rank: fraction of its batches it trains on} from `uneven_data`."""
-        fractions = {}
-        for item in filter(None, (self.uneven_data or "").replace(" ", "").split(",")):
-            rank, _, fraction = item.partition(":")
-            try:
-                fractions[int(rank)] = float(fraction)
-                if int(rank) < 0 or not 0 <= float(fraction) <= 1:
-                    raise ValueError
-            except ValueError:
-                raise ToolkitError(f"uneven_data={self.uneven_data!r}: expected RANK:FRACTION[,RANK:FRACTION] with "
-                                   "RANK >= 0 and FRACTION in [0, 1], e.g. --uneven-data 1:0.5") from None
+        fractions = _rank_values(self.uneven_data, lambda v: 0 <= v <= 1, f"uneven_data={self.uneven_data!r}: "
+                                 "expected RANK:FRACTION[,RANK:FRACTION] with RANK >= 0 and FRACTION in [0, 1], "
+                                 "e.g. --uneven-data 1:0.5")
         if fractions and self.sync not in PS_SYNCS:
             if self.toolkit_exchange or self.elastic:
                 raise ToolkitError("uneven_data under sync every_step needs Horovod's join in its distributed "
@@ -239,17 +232,9 @@ class Config:
 
     def straggler_delays(self) -> dict[int, float]:
         """{rank: seconds to sleep before each step} from `straggler`."""
-        delays = {}
-        for item in filter(None, (self.straggler or "").replace(" ", "").split(",")):
-            rank, _, ms = item.partition(":")
-            try:
-                delays[int(rank)] = float(ms) / 1000
-                if int(rank) < 0 or float(ms) < 0:
-                    raise ValueError
-            except ValueError:
-                raise ToolkitError(f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] with RANK >= 0 and "
-                                   f"MS >= 0 milliseconds, e.g. --straggler 1:50") from None
-        return delays
+        ms = _rank_values(self.straggler, lambda v: v >= 0, f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] "
+                          "with RANK >= 0 and MS >= 0 milliseconds, e.g. --straggler 1:50")
+        return {rank: value / 1000 for rank, value in ms.items()}
 
     def _check_communication(self) -> None:
         """The communication keys, alone and together; their defaults are filled in here."""
@@ -380,6 +365,21 @@ class Config:
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
         values = flatten_groups(values, source)
         return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
+
+
+def _rank_values(spec: Optional[str], valid, error: str) -> dict[int, float]:
+    """`RANK:VALUE[,RANK:VALUE]` -> {rank: value}; `error` (one line) when a part does not parse or
+    `valid(value)` is false."""
+    values = {}
+    for item in filter(None, (spec or "").replace(" ", "").split(",")):
+        rank, _, value = item.partition(":")
+        try:
+            values[int(rank)] = float(value)
+        except ValueError:
+            raise ToolkitError(error) from None
+        if int(rank) < 0 or not valid(values[int(rank)]):
+            raise ToolkitError(error)
+    return values
 
 
 def _plain(value):
