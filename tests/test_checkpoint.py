@@ -62,7 +62,8 @@ while True:   # each step saved twice (a resumed run re-saves its step) and 2 ke
 
 def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
     """20 writers killed with SIGKILL at random moments: the newest checkpoint always verifies, and
-    the next save clears what the dead writer left."""
+    the next save clears what the dead writer left. At least one kill must land inside a save (a
+    temporary or hidden folder left behind), or the test proved nothing."""
     import random
     import signal
     import subprocess
@@ -72,6 +73,7 @@ def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
     from tests.conftest import ROOT, clean_env
     rng = random.Random(0)
     folder = tmp_path / "ckpt"
+    interrupted = 0
     for trial in range(20):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], cwd=ROOT, env=clean_env(),
                                 stdout=subprocess.PIPE, text=True)
@@ -79,8 +81,43 @@ def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
         time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        interrupted += any(p.name.startswith(".") for p in folder.iterdir())   # killed mid-save
         path, meta = checkpoint.latest(folder)   # raises if the newest is corrupt or half-written
         assert path.name == f"ckpt-{meta['step']:08d}"
+    assert interrupted >= 1, "no kill landed inside a save: the test exercised nothing"
+    print(f"{interrupted} of 20 kills landed inside a save")
     leftovers = [p.name for p in folder.iterdir() if p.name.startswith(".")]
     checkpoint.save(folder, 10_000, {}, lambda d: (d / "w.bin").write_bytes(b"x"), keep=2)
     assert not [p for p in folder.iterdir() if p.name.startswith(".")], f"left behind: {leftovers}"
+
+
+DIES_BETWEEN_RENAMES = """
+import os, sys
+from toolkit import checkpoint
+real = os.rename
+def rename(src, dst):       # the replacement is about to be renamed in: die here, as kill -9 would
+    if os.path.basename(str(dst)).startswith("ckpt-") and ".replaced-" not in str(src):
+        os._exit(9)
+    real(src, dst)
+os.rename = rename
+checkpoint.save(sys.argv[1], 0, {"run": 2}, lambda d: (d / "w.bin").write_bytes(b"second"), keep=2)
+"""
+
+
+def test_a_writer_killed_while_replacing_a_step_leaves_the_old_checkpoint(tmp_path):
+    """A resumed run saves its step again; the old folder is set aside first. A writer that dies
+    before the new one is renamed in must not leave the step without any checkpoint."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, clean_env
+    checkpoint.save(tmp_path, 0, {"run": 1}, writer(b"first"), keep=2)
+    proc = subprocess.run([sys.executable, "-c", DIES_BETWEEN_RENAMES, str(tmp_path)], cwd=ROOT, env=clean_env(),
+                          timeout=60)
+    assert proc.returncode == 9
+    assert not (tmp_path / "ckpt-00000000").exists(), "the writer died after setting the old folder aside"
+    path, meta = checkpoint.latest(tmp_path)         # put back, whole
+    assert path.name == "ckpt-00000000" and meta["run"] == 1 and (path / "state.bin").read_bytes() == b"first"
+    checkpoint.save(tmp_path, 0, {"run": 3}, writer(b"third"), keep=2)
+    assert checkpoint.latest(tmp_path)[1]["run"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000000"]

@@ -18,6 +18,7 @@ from toolkit.errors import ToolkitError
 
 PREFIX = "ckpt-"
 META = "meta.json"
+REPLACED, DELETED = "replaced", "old"     # why a checkpoint folder was renamed out of sight
 
 
 def _sha256(path: Path) -> str:
@@ -41,6 +42,7 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
     """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    _recover(root)
     _sweep(root)                   # rank 0 is the only writer: anything hidden here is a dead writer's
     final = root / f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
@@ -52,11 +54,14 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
         for p in tmp.iterdir():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-        replaced = _hide(final) if final.exists() else None   # the same step again (a resumed run)
+        # The same step again (a resumed run): the old folder is set aside as `replaced`, which
+        # `_recover` puts back if this writer dies before the new one is renamed in.
+        replaced = _hide(final, REPLACED) if final.exists() else None
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _recover(root)
         raise
     if replaced:
         shutil.rmtree(replaced, ignore_errors=True)
@@ -65,12 +70,22 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
     return final
 
 
-def _hide(path: Path) -> Path:
+def _hide(path: Path, why: str = DELETED) -> Path:
     """Rename a checkpoint out of sight before deleting it, so a writer killed mid-delete (kill -9)
-    leaves a hidden folder, never a half-deleted `ckpt-*` that `latest()` would pick."""
-    hidden = path.with_name(f".{path.name}.old-{os.getpid()}")
+    leaves a hidden folder, never a half-deleted `ckpt-*` that `latest()` would pick. A whole
+    checkpoint set aside for its replacement is hidden as `replaced` (see `_recover`)."""
+    hidden = path.with_name(f".{path.name}.{why}-{os.getpid()}")
     os.rename(path, hidden)
     return hidden
+
+
+def _recover(root: Path) -> None:
+    """A writer killed between setting a checkpoint aside for its replacement and renaming the
+    replacement in left the step with no `ckpt-*` folder: put the whole old one back."""
+    for p in root.glob(f".{PREFIX}*.{REPLACED}-*"):
+        final = root / p.name[1:].split(".", 1)[0]
+        if not final.exists():
+            os.rename(p, final)
 
 
 def _sweep(root: Path) -> None:
@@ -103,6 +118,8 @@ def verify(path: Path) -> dict:
 
 
 def latest(directory: str | os.PathLike) -> tuple[Path, dict]:
+    if Path(directory).is_dir():
+        _recover(Path(directory))
     found = all_checkpoints(directory)
     if not found:
         raise ToolkitError(f"--resume: no checkpoint in {directory}; run once without --resume "
