@@ -89,3 +89,51 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str, launched: b
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     return errors[0]
+
+
+def assert_replicas(out: dict, replicas: int = 2) -> None:
+    """Every replica started from its own weights and all of them ended with the same ones (the
+    digests come from every rank, gathered before the summary; the trainer's own check is unit-tested)."""
+    assert len(out["initial_digests"]) == replicas and len(set(out["initial_digests"])) == replicas, \
+        f"replicas must start from different weights so the broadcast is really tested: {out['initial_digests']}"
+    assert len(out["final_digests"]) == replicas and len(set(out["final_digests"])) == 1, \
+        f"replicas ended different: {out['final_digests']}"
+    assert out["final_digests"][0] == out["param_digest"]
+
+
+def timeline_ops(path) -> dict:
+    """{(tensor name, dtype, shape): times} for every collective in a Horovod timeline (rank 0
+    writes it; each op ends with an event carrying the tensor's dtype and shape). The file of a job
+    that has just ended may lack its closing bracket."""
+    text = Path(path).read_text().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    names, ops = {}, {}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("name") == "process_name" and "name" in args:
+            names[e["pid"]] = args["name"]
+        elif e.get("ph") == "E" and "dtype" in args:
+            key = (names[e["pid"]], args["dtype"], args["shape"])
+            ops[key] = ops.get(key, 0) + 1
+    return ops
+
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "int8": 1}
+
+
+def timeline_gradient_bytes(path) -> tuple[int, set]:
+    """(bytes, dtypes) of every allreduce in the timeline except the toolkit's own named ones
+    (losses, metrics): what Horovod really reduced for the gradients, over the whole job.
+    torch names an op `allreduce.<tensor>`, MXNet `horovod_allreduce.<index>`; TensorFlow by its graph op
+    (`HorovodGroupedAllreduce_<gradients>_1of4`), and a bare `HorovodAllreduce` is the toolkit's own."""
+    total, dtypes = 0, set()
+    for (name, dtype, shape), times in timeline_ops(path).items():
+        gradient = name.startswith(("allreduce.", "horovod_allreduce.")) or name.startswith("HorovodGroupedAllreduce_") \
+            or name.startswith("HorovodAllreduce_")
+        if gradient and "toolkit." not in name:
+            values = 1
+            for n in json.loads(shape):
+                values *= n
+            total += times * values * DTYPE_BYTES[dtype]
+            dtypes.add(dtype)
+    return total, dtypes

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tests.conftest import one_line_error, toolkit
+from tests.conftest import one_line_error, timeline_gradient_bytes, toolkit
 from tests.test_distributed import horovod_status
 from toolkit import bench
 
@@ -35,7 +35,8 @@ def test_bad_input(flags, needles, tmp_path):
 def test_bench_measures_one_and_two_workers(tmp_path):
     proc = toolkit("bench", "--np", "1,2", "--framework", "torch", "--features", "32", "--hidden-size", "32",
                    "--warmup", "2", "--iters", "3", "--steps-per-iter", "4", "--compression", "fp16",
-                   "--accumulation-steps", "2", "--out", str(tmp_path), "--quiet", timeout=240)
+                   "--accumulation-steps", "2", "--out", str(tmp_path), "--quiet",
+                   "--timeline-file", str(tmp_path / "timeline.json"), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = report["rows"]
@@ -44,7 +45,12 @@ def test_bench_measures_one_and_two_workers(tmp_path):
         raw = json.loads((tmp_path / f"np{r['np']}.json").read_text())["rates"]
         assert len(raw) == r["workers"] and all(len(w) == 3 and min(w) > 0 for w in raw)
         assert r["per_worker"] > 0 and r["total"] == pytest.approx(sum(sum(w) / 3 for w in raw))
-        assert r["path"].startswith("horovod.torch") and r["bytes_sent_per_step"] == 2 * r["parameters"]  # fp16
+        assert r["path"].startswith("horovod.torch")
+    # bytes per step: none on 1 worker (Horovod skips the allreduce); on 2, what Horovod's timeline
+    # (the last job's, np 2: 2 warm-up + 3 x 4 timed steps) says it reduced, as float16
+    reduced, dtypes = timeline_gradient_bytes(tmp_path / "timeline.json")
+    assert rows[0]["bytes_sent_per_step"] == 0 and dtypes == {"float16"}
+    assert rows[1]["bytes_sent_per_step"] == reduced / (2 + 3 * 4) == 2 * rows[1]["parameters"]
     assert rows[1]["efficiency"] == pytest.approx(rows[1]["total"] / 2 / rows[0]["total"])
     assert report["config"]["accumulation_steps"] == 2
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

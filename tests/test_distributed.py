@@ -5,12 +5,14 @@ same for all of them: that is the toolkit's promise.
 """
 import functools
 import hashlib
+import json
 import shutil
 
 import numpy as np
 import pytest
 
-from tests.conftest import TRAIN, clean_env, one_line_error, run, toolkit, train_job
+from tests.conftest import (TRAIN, assert_replicas, clean_env, one_line_error, run, timeline_gradient_bytes, toolkit,
+                            train_job)
 
 from toolkit import horovod_build
 
@@ -49,13 +51,30 @@ def params(fw, checkpoint_dir) -> dict:
     return {k: v.asnumpy() for k, v in mx.nd.load(str(latest / "model.params")).items()}
 
 
-def interrupted_copy(finished, folder):
+def interrupted_copy(finished, folder) -> dict:
     """`folder` as a job that died after its first epoch would have left it: a copy of `finished`
-    (a 2-epoch run) without its later checkpoints. Saves running the 1-epoch job separately."""
+    (a 2-epoch run) without its later checkpoints. Saves running the 1-epoch job separately.
+    Returns what `assert_resumed` checks: the kept checkpoint's meta and its files' hashes."""
     shutil.copytree(finished, folder)
-    for later in sorted(p for p in folder.iterdir() if p.name.startswith("ckpt-"))[1:]:
-        shutil.rmtree(later)
-    return folder
+    kept, *later = sorted(p for p in folder.iterdir() if p.name.startswith("ckpt-"))
+    for p in later:
+        shutil.rmtree(p)
+    return {"meta": json.loads((kept / "meta.json").read_text()), "folder": kept, "files": file_hashes(kept)}
+
+
+def file_hashes(folder) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def assert_resumed(resumed: dict, straight: dict, cut: dict) -> None:
+    """The resumed job started at the cut's step and ran only the steps after it (a resume that
+    silently retrained from step 0 reaches the same parameters, but not these counts), it left the
+    checkpoint it resumed from untouched, and it ended where the uninterrupted job ended."""
+    step = cut["meta"]["step"]
+    assert 0 < step < straight["steps"]
+    assert resumed["resumed_from"] == step and straight["resumed_from"] is None
+    assert resumed["steps_run"] == straight["steps"] - step and resumed["steps"] == straight["steps"]
+    assert file_hashes(cut["folder"]) == cut["files"], "the checkpoint resumed from was rewritten"
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -68,25 +87,33 @@ _BASELINES: dict = {}
 
 def baseline(fw, tmp_path_factory) -> tuple[dict, dict]:
     """(summary, parameters) of the reference run, made once per framework and shared by the tests
-    that compare against it: 2 ranks (gloo), 1 epoch, the default SGD (lr 0.05, momentum 0.9)."""
+    that compare against it: 2 ranks (gloo), 1 epoch, the default SGD (lr 0.05, momentum 0.9).
+    Its Horovod timeline is `baseline_timeline(fw)`."""
     if fw not in _BASELINES:
         folder = tmp_path_factory.mktemp(f"baseline-{fw}")
-        out = train_job("gloo", digits(fw) + ["--epochs", "1", "--checkpoint-dir", folder])
-        _BASELINES[fw] = (out, params(fw, folder))
-    return _BASELINES[fw]
+        out = train_job("gloo", digits(fw) + ["--epochs", "1", "--checkpoint-dir", folder,
+                                              "--timeline-file", folder / "timeline.json"])
+        _BASELINES[fw] = (out, params(fw, folder), folder / "timeline.json")
+    return _BASELINES[fw][:2]
 
 
-@pytest.mark.parametrize("launcher", ["gloo", "mpi", "mpirun"])
+def baseline_timeline(fw, tmp_path_factory):
+    baseline(fw, tmp_path_factory)
+    return _BASELINES[fw][2]
+
+
+# The full run to > 90% once (gloo); the other launchers train shorter (the suite's time).
+# horovodrun --mpi and plain mpirun start the same MPI controller: --mpi once, for torch.
+LAUNCHES = [(fw, launcher) for fw in FRAMEWORKS for launcher in ("gloo", "mpi", "mpirun")
+            if launcher != "mpi" or fw == "torch"]
+
+
+@pytest.mark.parametrize("fw, launcher", LAUNCHES, indirect=["fw"])
 def test_two_ranks_start_different_and_end_identical(fw, launcher):
-    # the full run to > 90% once (gloo); the other launchers train shorter (the suite's time).
-    # horovodrun --mpi and plain mpirun start the same MPI controller: --mpi once, for torch.
-    if launcher == "mpi" and fw != "torch":
-        pytest.skip("horovodrun --mpi is covered by torch (and plain mpirun for every framework)")
     epochs = 15 if launcher == "gloo" else 5
     out = train_job(launcher, digits(fw) + ["--epochs", str(epochs)], direct=True)   # plain horovodrun here
     assert out["world_size"] == 2 and out["framework"] == fw and out["backend"] == "horovod"
-    first, second = out["initial_digests"]
-    assert first != second, "ranks must start from different weights so the broadcast is really tested"
+    assert_replicas(out)
     assert out["accuracy"] > (0.90 if epochs == 15 else 0.80), out
     assert out["steps"] == epochs * ((1437 // 2) // 32)
     for key in ("final_loss", "param_digest", "samples_per_sec"):
@@ -100,14 +127,16 @@ def single_run(fw, tmp_path_factory):
     """One single-process job per framework (no launcher), 2 epochs with checkpoints, shared."""
     if fw not in _SINGLE:
         folder = tmp_path_factory.mktemp(f"single-{fw}")
-        _SINGLE[fw] = (train_job("single", digits(fw) + ["--epochs", "2", "--lr", "0.07", "--checkpoint-dir", folder]),
-                       folder)
+        _SINGLE[fw] = (train_job("single", digits(fw) + ["--epochs", "2", "--lr", "0.07", "--checkpoint-dir", folder,
+                                                         "--timeline-file", folder / "timeline.json"]), folder)
     return _SINGLE[fw]
 
 
 def test_single_process_runs_unchanged_and_writes_its_config(fw, tmp_path_factory):
     out, folder = single_run(fw, tmp_path_factory)
     assert out["world_size"] == 1 and len(out["initial_digests"]) == 1 and out["accuracy"] > 0.8
+    # one rank: Horovod reduces no gradient, and the summary says so
+    assert timeline_gradient_bytes(folder / "timeline.json") == (0, set()) and out["bytes_sent_per_step"] == 0
     proc = toolkit("config", "show", "--config", folder / "config.yaml")
     assert proc.returncode == 0 and "lr: 0.07" in proc.stdout and f"framework: {fw}" in proc.stdout
 
@@ -116,19 +145,25 @@ _STRAIGHT: dict = {}
 
 
 def straight_run(fw, tmp_path_factory):
-    """2 ranks, 2 epochs, sqrt lr scaling with a 1-epoch warm-up, checkpoints: shared by the lr test
-    and the resume test (which then also resumes in the middle of the schedule)."""
+    """2 ranks, 2 epochs, sqrt lr scaling with a 1-epoch warm-up, checkpoints and metrics: shared by
+    the lr test and the resume test (which then also resumes in the middle of the schedule)."""
     if fw not in _STRAIGHT:
         folder = tmp_path_factory.mktemp(f"straight-{fw}")
         _STRAIGHT[fw] = (train_job("gloo", digits(fw) + ["--optimizer", "sgd", "--momentum", "0.9", "--epochs", "2",
                                                          "--lr", "0.05", "--lr-scaling", "sqrt", "--warmup-epochs",
-                                                         "1", "--checkpoint-dir", folder]), folder)
+                                                         "1", "--checkpoint-dir", folder, "--log-dir",
+                                                         folder / "logs"]), folder)
     return _STRAIGHT[fw]
 
 
 def test_lr_scaling_and_warmup_by_world_size(fw, tmp_path_factory):
-    out, _ = straight_run(fw, tmp_path_factory)
-    assert out["lr"] == pytest.approx(0.05 * 2 ** 0.5)
+    """Warm-up from lr to lr x sqrt(2) over the first epoch's 22 steps (Goyal et al.): the last
+    step of epoch 1 (step 21) trains at 21/22 of the way, epoch 2 at the scaled lr."""
+    out, folder = straight_run(fw, tmp_path_factory)
+    epochs = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+    base, target = 0.05, 0.05 * 2 ** 0.5
+    assert [e["lr"] for e in epochs] == pytest.approx([base + (target - base) * 21 / 22, target])
+    assert out["lr"] == pytest.approx(target)
     assert out["accuracy"] > 0.5
 
 
@@ -147,9 +182,6 @@ def test_accumulation_equals_large_batch(fw, tmp_path):
 def test_op_sum_is_average_times_world_size(fw, tmp_path, tmp_path_factory):
     """Horovod's Sum adds each rank's mean gradient: with lr/2 it equals Average with lr
     (SGD with momentum is linear in the gradient)."""
-    if fw == "tensorflow":
-        pytest.skip("Keras 3's op=sum is Horovod's Sum in the same grouped_allreduce as Average (torch: Horovod's "
-                    "optimizer; MXNet: the toolkit's own scaling, both tested); skipped for the suite's time")
     _, average = baseline(fw, tmp_path_factory)
     train_job("gloo", digits(fw) + ["--epochs", "1", "--op", "sum", "--lr", "0.025", "--checkpoint-dir", tmp_path])
     assert max_diff(params(fw, tmp_path), average) < 1e-6
@@ -157,20 +189,27 @@ def test_op_sum_is_average_times_world_size(fw, tmp_path, tmp_path_factory):
 
 def test_fp16_compression_close_to_none(fw, tmp_path, tmp_path_factory):
     plain, plain_params = baseline(fw, tmp_path_factory)
-    fp16 = train_job("gloo", digits(fw) + ["--epochs", "1", "--compression", "fp16", "--checkpoint-dir", tmp_path])
+    fp16 = train_job("gloo", digits(fw) + ["--epochs", "1", "--compression", "fp16", "--checkpoint-dir", tmp_path,
+                                           "--timeline-file", tmp_path / "timeline.json"])
     assert plain["param_digest"] != fp16["param_digest"], "fp16 must really change what is sent"
     assert max_diff(plain_params, params(fw, tmp_path)) < 5e-3
     assert abs(plain["final_loss"] - fp16["final_loss"]) < 0.01
-    assert fp16["compression_ratio"] == 2.0 and plain["compression_ratio"] == 1.0
+    # the bytes each summary reports are what Horovod's timeline says it reduced, in that dtype
+    for out, timeline, dtype in ((plain, baseline_timeline(fw, tmp_path_factory), "float32"),
+                                 (fp16, tmp_path / "timeline.json", "float16")):
+        reduced, dtypes = timeline_gradient_bytes(timeline)
+        assert dtypes == {dtype} and out["bytes_sent_per_step"] == reduced / out["steps"], (out, reduced, dtypes)
+    assert fp16["compression_ratio"] == 2.0
 
 
 def test_resume_reaches_the_uninterrupted_parameters(fw, tmp_path, tmp_path_factory):
     straight, folder = straight_run(fw, tmp_path_factory)
-    interrupted_copy(folder, tmp_path / "b")
+    cut = interrupted_copy(folder, tmp_path / "b")
     resumed = train_job("gloo", digits(fw) + ["--optimizer", "sgd", "--momentum", "0.9", "--epochs", "2", "--lr",
                                               "0.05", "--lr-scaling", "sqrt", "--warmup-epochs", "1", "--resume",
                                               "--checkpoint-dir", tmp_path / "b"])
-    assert resumed["steps"] == straight["steps"] and resumed["lr"] == straight["lr"]
+    assert_resumed(resumed, straight, cut)
+    assert resumed["lr"] == straight["lr"]
     assert max_diff(params(fw, folder), params(fw, tmp_path / "b")) < 1e-6
     assert (tmp_path / "b" / "config.yaml").read_text().count("resume: true") == 1
 
@@ -202,9 +241,8 @@ def test_horovod_built_without_the_framework(fw, tmp_path):
 
 
 
+@pytest.mark.parametrize("fw", ["torch", "tensorflow"], indirect=True)   # MXNet: refused in the config
 def test_adasum_over_gloo_is_a_clear_error(fw):
-    if fw == "mxnet":
-        pytest.skip("MXNet refuses op=adasum when the config is resolved (test_config.py)")
     proc = run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *TRAIN, *digits(fw), "--epochs", "1",
                 "--op", "adasum"], timeout=180)
     one_line_error(proc, "op=adasum needs Horovod's MPI controller", "--mpi", launched=True)

@@ -5,59 +5,70 @@ check behaviour: identical replicas, bytes really reduced, exact resume, local S
 """
 import pytest
 
-from tests.test_distributed import baseline, digits, fw, interrupted_copy, max_diff, params  # noqa: F401  (fw is a fixture)
-from tests.conftest import TRAIN, one_line_error, run, train_job
+from tests.test_distributed import (assert_resumed, baseline, digits, fw, interrupted_copy, max_diff,  # noqa: F401
+                                    params)  # (fw is a fixture)
+from tests.conftest import TRAIN, assert_replicas, one_line_error, run, train_job
 
 pytestmark = pytest.mark.distributed
 
 
+# Residuals and their checkpoints are framework-free (toolkit/communication.py): the top-k resume runs
+# once (torch) for the suite's time; every adapter's exchange (local_gradients, allgather, apply) runs
+# in the int8 test below.
+@pytest.mark.parametrize("fw", ["torch"], indirect=True)
 def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
     """Top-k 1% with error feedback: every rank identical, <= 1/100 of the dense bytes, and a resume
     (which must restore each rank's residual) lands on the uninterrupted run's parameters."""
-    if fw != "torch":   # residuals and their checkpoints are framework-free (toolkit/communication.py);
-        # every adapter's exchange (local_gradients, allgather, apply) runs in the int8 test below
-        pytest.skip("the top-k resume runs once (torch) for the suite's time")
     common = digits(fw) + ["--compression", "topk", "--topk-ratio", "0.01"]
     straight = train_job("gloo", common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
-    assert straight["initial_digests"][0] != straight["initial_digests"][1]   # and they end identical
+    assert_replicas(straight)
     assert straight["compression"] == "topk" and "toolkit topk exchange" in straight["path"]
     values = sum(p.size for p in params(fw, tmp_path / "a").values())
     assert straight["bytes_sent_per_step"] <= values * 4 / 100 and straight["compression_ratio"] >= 100
     assert straight["accuracy"] > 0.6
-    interrupted_copy(tmp_path / "a", tmp_path / "b")
-    assert any((p / "communication.npz").is_file() for p in (tmp_path / "b").iterdir())
+    cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
+    assert (cut["folder"] / "communication.npz").is_file()
     resumed = train_job("gloo", common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
-    assert resumed["steps"] == straight["steps"]
+    assert_resumed(resumed, straight, cut)
     assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
 
 
 def test_local_sgd_with_one_local_step_equals_synchronous(fw, tmp_path, tmp_path_factory):
     """SGD with momentum is linear in what local SGD averages (parameters and momentum), so
-    averaging after every step is the synchronous run (Horovod's optimizer), to float rounding."""
+    averaging after every step is the synchronous run (Horovod's optimizer), to float rounding;
+    averaging every 4 steps is not (else local SGD would be synchronous training in disguise)."""
     _, synchronous = baseline(fw, tmp_path_factory)
     local = train_job("gloo", digits(fw) + ["--epochs", "1", "--sync", "local_sgd", "--local-steps", "1",
-                                            "--checkpoint-dir", tmp_path])
+                                            "--checkpoint-dir", tmp_path / "h1"])
     assert local["sync"] == "local_sgd" and "local SGD" in local["path"]
-    assert max_diff(params(fw, tmp_path), synchronous) < 1e-5
+    assert max_diff(params(fw, tmp_path / "h1"), synchronous) < 1e-5
+    four = train_job("gloo", digits(fw) + ["--epochs", "1", "--sync", "local_sgd", "--local-steps", "4",
+                                           "--checkpoint-dir", tmp_path / "h4"])
+    assert_replicas(four)
+    assert max_diff(params(fw, tmp_path / "h4"), synchronous) > 1e-3
+    assert four["bytes_sent_per_step"] < local["bytes_sent_per_step"] / 2   # one average per 4 steps (+ the last)
 
 
 def test_local_sgd_after_compressed_warmup_ends_identical(fw):
     """Warm-up steps exchanged as int8, then 5 local steps between averages; 22 steps an epoch, so
     the epoch's end forces the final average that makes the replicas identical (checked by digest)."""
-    out = train_job("gloo", digits(fw) + ["--epochs", "2", "--sync", "local_sgd", "--local-steps", "5",
+    out = train_job("gloo", digits(fw) + ["--epochs", "1", "--sync", "local_sgd", "--local-steps", "5",
                                           "--sync-warmup-steps", "6", "--compression", "int8"])
-    assert out["initial_digests"][0] != out["initial_digests"][1]
+    assert_replicas(out)
     assert out["accuracy"] > 0.7
     assert out["compression_ratio"] > 1.5       # int8 warm-up, then one dense average per 5 steps
 
 
-def test_adasum_trains_on_two_mpi_ranks(fw):
+@pytest.mark.parametrize("fw", ["torch", "tensorflow"], indirect=True)   # MXNet: refused in the config
+def test_adasum_trains_on_two_mpi_ranks(fw, tmp_path, tmp_path_factory):
     """Horovod's Adasum (MPI controller). TensorFlow goes per tensor: Horovod 0.28.1's grouped
-    Adasum allreduce fails with an UnboundLocalError (adapters/tensorflow.py)."""
-    if fw == "mxnet":
-        pytest.skip("Horovod's MXNet trainer has no Adasum (refused at config time, test_config.py)")
-    out = train_job("mpi", digits(fw) + ["--epochs", "2", "--op", "adasum"])
-    assert out["initial_digests"][0] != out["initial_digests"][1] and out["accuracy"] > 0.7
+    Adasum allreduce fails with an UnboundLocalError (adapters/tensorflow.py). Adasum adds the
+    parts of the ranks' gradients that are orthogonal, so it must not reach the average's weights."""
+    _, average = baseline(fw, tmp_path_factory)
+    out = train_job("mpi", digits(fw) + ["--epochs", "1", "--op", "adasum", "--checkpoint-dir", tmp_path])
+    assert_replicas(out)
+    assert max_diff(params(fw, tmp_path), average) > 1e-3, "op=adasum reached op=average's weights"
+    assert out["accuracy"] > 0.7
 
 
 def test_adasum_on_three_ranks_is_a_clear_error():

@@ -136,5 +136,6 @@ def test_a_killed_worker_shrinks_the_job_and_a_new_host_grows_it_back(tmp_path, 
           f"{result['elastic']}, accuracy {result['accuracy']:.4f}; killed at {t_kill:.0f} s, shrunk by {t_shrunk:.0f} s, grown at {t_grown:.0f} s, done at {t_end:.0f} s")
     # the replica check ran on the final 2 workers: the new one ended identical to the survivor
     assert result["world_size"] == 2 and result["elastic"]["world_sizes"] == [2, 1, 2]
+    assert len(result["final_digests"]) == 2 and len(set(result["final_digests"])) == 1, result["final_digests"]
     assert result["elastic"]["resets"] >= 2
     assert result["accuracy"] > 0.9

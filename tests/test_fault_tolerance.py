@@ -59,3 +59,4 @@ def test_a_killed_rank_stops_the_job_within_60_s_and_the_checkpoint_resumes(tmp_
     out = train_job(controller, digits("torch") + ["--epochs", str(meta["epoch"] + 1), "--resume",
                                                    "--checkpoint-dir", ckpt])
     assert out["steps"] == meta["step"] + 22      # one more epoch of 22 steps on 2 ranks
+    assert out["resumed_from"] == meta["step"] and out["steps_run"] == 22   # ... and only that epoch ran

@@ -6,6 +6,7 @@ framework); staleness 0 with one worker is synchronous SGD; the servers' checkpo
 parameters and optimizer state and resume to the same model; a dead worker ends the job; bad
 parameters are one-line errors.
 """
+import json
 import os
 import shutil
 import signal
@@ -56,19 +57,51 @@ def test_server_optimizer_follows_torch_optim(optimizer, extra):
     np.testing.assert_allclose(mine, p.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def ssp_violations(logs: list[dict], staleness: int) -> tuple[list, int]:
+    """Recompute SSP's bound from the workers' own step logs (wall-clock times of each push and of
+    the reply to it; one machine, one clock): when worker w got the reply to its push c, every other
+    worker must already have sent at least c + 1 - staleness pushes (or all of its pushes).
+    Returns the violations and the largest lead seen (how far the bound was really tested)."""
+    violations, lead = [], 0
+    for w, log in enumerate(logs):
+        for c, t in enumerate(log["reply"]):
+            for v, other in enumerate(logs):
+                if v == w:
+                    continue
+                sent = sum(1 for p in other["push"] if p < t)
+                lead = max(lead, c + 1 - sent)
+                if sent < min(c + 1 - staleness, len(other["push"])):
+                    violations.append((w, c, v, sent))
+    return violations, lead
+
+
 @pytest.mark.parametrize("fw", FRAMEWORKS)
-def test_ssp_with_a_straggler_keeps_its_bound_and_trains_digits(fw):
+def test_ssp_with_a_straggler_keeps_its_bound_and_trains_digits(fw, tmp_path):
     if why := horovod_status(fw):
         pytest.skip(f"horovod.{fw} does not import: {why}")
     # rank 0 serves, ranks 1-2 work; rank 2 is slowed down, so rank 1 runs ahead up to the bound
-    out = mpirun_job([*digits(fw), "--sync", "ssp", "--staleness", "4", "--straggler", "2:15", "--epochs", "5"], 3)
+    out = mpirun_job([*digits(fw), "--sync", "ssp", "--staleness", "4", "--straggler", "2:15", "--epochs", "5",
+                      "--log-dir", tmp_path], 3)
     print(f"{fw}: accuracy {out['accuracy']:.4f}, clock gaps {out['clock_gap_histogram']}, "
           f"staleness {out['staleness_histogram']}, {out['samples_per_sec']:.0f} samples/s")
     assert out["sync"] == "ssp" and out["staleness_bound"] == 4 and out["world_size"] == 2
-    assert out["clock_gap_max"] <= 4, "a worker ran more steps ahead of the slowest than staleness allows"
-    assert out["clock_gap_max"] >= 2, "the straggler never let the other worker run ahead: the bound was not tested"
+    logs = [json.loads((tmp_path / f"ps-worker-{w}.json").read_text()) for w in range(2)]
+    assert [len(log["push"]) for log in logs] == [5 * 22, 5 * 22]
+    violations, lead = ssp_violations(logs, 4)
+    assert not violations, f"a worker went on more than 4 steps ahead (worker, step, slower worker, its pushes): " \
+                           f"{violations[:5]}"
+    assert lead >= 2, "the straggler never let the other worker run ahead: the bound was not tested"
+    assert out["clock_gap_max"] <= 4 and out["clock_gap_max"] >= 2      # the servers' own account agrees
     assert out["updates"] == out["steps"] == 2 * 5 * 22          # every gradient applied once
     assert out["accuracy"] > 0.9
+
+
+def test_the_bound_check_sees_a_worker_too_far_ahead():
+    """ssp_violations on made-up logs: worker 0 got the reply to its 3rd push before worker 1 sent any."""
+    fast = {"push": [0.0, 1.0, 2.0], "reply": [0.5, 1.5, 2.5]}
+    slow = {"push": [3.0, 4.0, 5.0], "reply": [3.5, 4.5, 5.5]}
+    assert ssp_violations([fast, slow], 3) == ([], 3)
+    assert ssp_violations([fast, slow], 2)[0] == [(0, 2, 1, 0)]
 
 
 def _server_params(folder, step: int) -> np.ndarray:
@@ -108,6 +141,8 @@ def test_one_worker_at_staleness_0_is_synchronous_sgd_and_the_servers_checkpoint
     resumed = mpirun_job([*common, "--sync", "ssp", "--staleness", "0", "--ps-servers", "2",
                           "--checkpoint-dir", cut, "--resume"], 3)
     assert resumed["steps"] == 132 and resumed["param_digest"] == out["param_digest"]
+    # and it really resumed: the servers started at step 88 and applied only the last epoch's updates
+    assert resumed["resumed_from"] == 88 and resumed["steps_run"] == 44 and out["resumed_from"] is None
 
 
 @pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")

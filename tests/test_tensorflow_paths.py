@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import TRAIN, clean_env, one_line_error, run, summary, train_job
-from tests.test_distributed import horovod_status, interrupted_copy, max_diff, params
+from tests.conftest import TRAIN, assert_replicas, clean_env, one_line_error, run, summary, train_job
+from tests.test_distributed import assert_resumed, horovod_status, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed
 PATHS = ["tf_keras", "mirrored", "multi_worker_mirrored"]
@@ -53,34 +53,40 @@ def test_two_replicas_start_different_and_end_identical(path, tmp_path):
     out = two_replicas(path, ["--epochs", "15", "--checkpoint-dir", tmp_path])
     assert EXPECTED_PATH[path] in out["path"], out["path"]
     assert out["world_size"] == 2 and out["processes"] == (1 if path == "mirrored" else 2)
-    first, second = out["initial_digests"]
-    assert first != second, "replicas must start from different weights so the broadcast is really tested"
+    assert_replicas(out)
     assert out["accuracy"] > 0.90, out
     assert out["steps"] == 15 * ((1437 // 2) // 32)
 
 
-def test_accumulation_equals_large_batch(path, tmp_path):
-    if path == "tf_keras":
-        pytest.skip("tf_keras accumulates with Horovod's own backward_passes_per_step (Keras 3's and the native "
-                    "paths are the toolkit's and are tested); skipped for the suite's time")
-    if path == "mirrored":
-        pytest.skip("mirrored and multi_worker_mirrored share the native adapter's accumulation; tested on "
-                    "multi_worker_mirrored (2 processes) for the suite's time")
+_ONE_REPLICA: dict = {}
+
+
+def one_replica_params(path: str, args, tmp_path_factory) -> dict:
+    """The parameters after `one_replica(path, args)`; mirrored and multi-worker share theirs."""
+    key = ("tf_keras" if path == "tf_keras" else "native", tuple(args))
+    if key not in _ONE_REPLICA:
+        folder = tmp_path_factory.mktemp("one-replica")
+        one_replica(path, list(args) + ["--checkpoint-dir", folder])
+        _ONE_REPLICA[key] = params("tensorflow", folder)
+    return _ONE_REPLICA[key]
+
+
+def test_accumulation_equals_large_batch(path, tmp_path, tmp_path_factory):
     """2 replicas x accumulation 2 x batch 8 == 1 replica x batch 32, plain SGD, with L2."""
     common = ["--epochs", "2", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--weight-decay", "0.01"]
     two_replicas(path, common + ["--batch-size", "8", "--accumulation-steps", "2", "--checkpoint-dir", tmp_path / "a"])
-    one_replica(path, common + ["--batch-size", "32", "--checkpoint-dir", tmp_path / "big"])
-    assert max_diff(params("tensorflow", tmp_path / "a"), params("tensorflow", tmp_path / "big")) < 1e-6
-    one_replica(path, common + ["--batch-size", "16", "--checkpoint-dir", tmp_path / "other"])
-    assert max_diff(params("tensorflow", tmp_path / "other"), params("tensorflow", tmp_path / "big")) > 1e-3
+    big = one_replica_params(path, common + ["--batch-size", "32"], tmp_path_factory)
+    assert max_diff(params("tensorflow", tmp_path / "a"), big) < 1e-6
+    # and not trivially: another batch size differs
+    assert max_diff(one_replica_params(path, common + ["--batch-size", "16"], tmp_path_factory), big) > 1e-3
 
 
 def test_resume_reaches_the_uninterrupted_parameters(path, tmp_path):
     common = ["--optimizer", "adam", "--lr", "0.01"]
     straight = two_replicas(path, common + ["--epochs", "2", "--checkpoint-dir", tmp_path / "a"])
-    interrupted_copy(tmp_path / "a", tmp_path / "b")
+    cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
     resumed = two_replicas(path, common + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
-    assert resumed["steps"] == straight["steps"]
+    assert_resumed(resumed, straight, cut)
     assert max_diff(params("tensorflow", tmp_path / "a"), params("tensorflow", tmp_path / "b")) < 1e-6
 
 

@@ -16,8 +16,10 @@ One class, three ways (the trainer calls `step` and does not know which):
   makes local_steps=1 equal synchronous training for SGD with momentum (all of it is linear).
 
 `bytes_sent` counts the payload each rank hands to a collective: the compressed bytes (plus the
-small length header) for the toolkit's exchange, the dense bytes for Horovod's path and for model
-averages. Ring algorithms move a small multiple of it (allreduce 2(N-1)/N, allgather N-1).
+small length header) for the toolkit's exchange, the dense bytes for Horovod's path (nothing in a
+1-rank job, where Horovod skips the allreduce) and for model averages. Ring algorithms move a small
+multiple of it (allreduce 2(N-1)/N, allgather N-1). The tests check the Horovod path's figure against
+what Horovod's own timeline says it reduced (tests/conftest.py `timeline_gradient_bytes`).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ class Communication:
         """One optimizer step over the micro-batches (`step` is the global step index); local mean loss."""
         self.steps += 1
         if not self.toolkit:
-            self.bytes_sent += self.values * self.horovod_value_bytes
+            if self.world > 1:      # Horovod skips the allreduce of a 1-rank job
+                self.bytes_sent += self.values * self.horovod_value_bytes
             return self.adapter.train_step(batches)
         loss, grads = self.adapter.local_gradients(batches)
         if self.local_steps and step >= self.warmup_steps:

@@ -81,9 +81,14 @@ def _check_mpi(mpirun: str, mpirun_version: str) -> None:
                           "LD_LIBRARY_PATH")
 
 
+ALL = "all"
+
+
 def report(framework: str) -> int:
-    """Print every check; return 1 if `framework` cannot train here, else 0."""
-    registry.spec(framework)   # an unknown name fails now, not after the probes
+    """Print every check and the frameworks that can train; return 1 if `framework` (or, for
+    `all`, any of them) cannot train here, else 0."""
+    if framework != ALL:
+        registry.spec(framework)   # an unknown name fails now, not after the probes
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     _line("ok" if py == pins.PYTHON else "warn", "python", f"{sys.version.split()[0]} ({sys.executable})",
           "" if py == pins.PYTHON else f"the toolkit pins Python {pins.PYTHON}")
@@ -142,7 +147,9 @@ def report(framework: str) -> int:
     else:
         _line("info", "gpus", "no nvidia-smi: CPU only (every adapter falls back to CPU)")
 
-    ok = usable.get(framework, False) and registry.is_available(framework)
-    print(f"\n{'ready' if ok else 'NOT READY'}: framework={framework}" +
-          ("" if ok else " cannot train here; apply the fixes above"))
-    return 0 if ok else 1
+    ready = [fw for fw in pins.HOROVOD_FRAMEWORKS if usable.get(fw) and registry.is_available(fw)]
+    wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]
+    missing = [fw for fw in wanted if fw not in ready]
+    print(f"\nready: {', '.join(ready) or 'no framework'}" +
+          (f"; NOT READY: {', '.join(missing)} cannot train here; apply the fixes above" if missing else ""))
+    return 1 if missing else 0

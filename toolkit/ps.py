@@ -20,6 +20,7 @@ of the slowest worker when it goes on (`clock_gap`, which SSP bounds by `stalene
 from __future__ import annotations
 
 import collections
+import json
 import sys
 import time
 from pathlib import Path
@@ -270,7 +271,7 @@ def summarize(stats: dict) -> dict:
 def run(config: Config) -> dict:
     """Every rank of a parameter-server job calls this (from toolkit.trainer.run)."""
     from toolkit import registry
-    from toolkit.trainer import _evaluate, _log, _replica_digests, digest
+    from toolkit.trainer import _evaluate, _log, _replica_digests, check_replicas
 
     world = _world()
     size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
@@ -303,12 +304,14 @@ def run(config: Config) -> dict:
         if not config.resume:
             client.send_initial(adapter.weights())
     adapter.set_weights(client.pull())
+    start = client.versions[0]          # updates the servers had applied before this job (resume)
     b, k = config.batch_size, config.accumulation_steps
     spe = datasets.steps_per_epoch(n_train, workers, b, k)
     how = f"ssp, staleness {config.staleness}" if config.sync is Sync.SSP else "async"
     _log(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
             f"{spe} steps/epoch per worker, batch {b * k} per update")
     clock, losses, loss, t0 = 0, [], None, time.perf_counter()
+    pushed, replied = [], []            # wall-clock times of each push and of its reply (the step log)
     test_x, test_y = data.x_test[w::workers], data.y_test[w::workers]
     for epoch in range(client.epoch, config.epochs):
         shard = datasets.epoch_shard(n_train, epoch, config.seed, w, workers)
@@ -320,7 +323,9 @@ def run(config: Config) -> dict:
                        for idx in (shard[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k))]
             step_loss, grads = adapter.local_gradients(batches)
             losses.append(step_loss)
+            pushed.append(time.time())
             adapter.set_weights(client.push_pull(grads, clock))
+            replied.append(time.time())
             clock += 1
         loss = float(np.mean(losses))
         if w == 0:      # this worker's view (the others are at most `staleness` steps apart)
@@ -333,15 +338,19 @@ def run(config: Config) -> dict:
     stats = summarize(client.stats()) if w == 0 else {}
     loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]), name="toolkit.ps_loss")[0])
     _, accuracy = _evaluate(adapter, test_x, test_y)
-    digests = _replica_digests(adapter, "toolkit.final_digest")
-    if len(set(digests)) != 1:
-        raise ToolkitError(f"replica check failed: workers ended with different parameters ({digests})", code=1)
+    digests = check_replicas(adapter)
+    trained = [int(n) for n in adapter.allgather_object(clock, name="toolkit.steps_trained")]
+    if config.log_dir:      # each worker's step log: when it pushed each gradient and got the reply
+        Path(config.log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(config.log_dir) / f"ps-worker-{w}.json").write_text(json.dumps({"push": pushed, "reply": replied}))
     samples = float(adapter.allreduce(np.array([clock * b * k], np.float64), average=False, name="toolkit.ps_samples")[0])
     return {
         "framework": config.framework, "backend": config.backend.value, "world_size": workers,
         "processes": size, "path": f"parameter server over mpi4py ({servers} server(s), {how})",
         "steps": client.versions[0], "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
-        "param_digest": digests[0], "initial_digests": initial_digests,
+        "resumed_from": start if config.resume else None, "steps_run": client.versions[0] - start,
+        "steps_trained_per_rank": trained,
+        "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests,
         "lr": schedule.lr_at(config, 1, client.versions[0], n_train // (b * k)),
         "samples_per_sec": samples / seconds if seconds else 0.0,
         "compression": config.compression.value, "sync": config.sync.value,

@@ -83,6 +83,15 @@ def _replica_digests(adapter, name: str) -> list[str]:
     return [d for per_rank in adapter.allgather_object(mine, name=name) for d in per_rank]
 
 
+def check_replicas(adapter) -> list[str]:
+    """Every replica's final digest (a collective); a mismatch stops the job (exit 1) on every rank."""
+    digests = _replica_digests(adapter, "toolkit.final_digest")
+    if len(set(digests)) != 1:
+        raise ToolkitError("replica check failed: replicas ended with different parameters "
+                           f"(digests by replica: {digests}); this is a bug, please report it", code=1)
+    return digests
+
+
 def _evaluate(adapter, x, y) -> tuple[float, float]:
     """(mean test loss, accuracy) over every rank's share of the test set."""
     import numpy as np
@@ -132,7 +141,7 @@ def run(config: Config) -> dict:
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     progress = dict(epoch=int(meta.get("epoch", 0)), position=0, step=int(meta.get("step", 0)),
                     loss=meta.get("train_loss"), accuracy=None, lr=None, samples=0, seconds=0.0,
-                    epoch_loss=(0.0, 0), world_sizes=[], resets=0)
+                    epoch_loss=(0.0, 0), world_sizes=[], resets=0, trained=0)
 
     def train(state) -> None:
         nonlocal metrics
@@ -174,6 +183,7 @@ def run(config: Config) -> dict:
                     time.sleep(delay)
                 micro = datasets.step_indices(order, state.position, b, k, world, replicas)
                 loss = comm.step([(data.x_train[idx], data.y_train[idx]) for idx in micro], state.step)
+                state.trained += 1      # optimizer steps this rank computed in this process
                 state.epoch_loss = (state.epoch_loss[0] + loss, state.epoch_loss[1] + 1)
                 state.step, state.position, state.lr, done = state.step + 1, state.position + b * k * world, lr, done + 1
                 if bar:
@@ -227,17 +237,20 @@ def run(config: Config) -> dict:
     accuracy = state.accuracy
     if accuracy is None:    # resumed at the end: nothing left to train, still measure
         _, accuracy = _evaluate(adapter, test_x, test_y)
-    digests = _replica_digests(adapter, "toolkit.final_digest")
-    if len(set(digests)) != 1:
-        raise ToolkitError("replica check failed: replicas ended with different parameters "
-                           f"(digests by replica: {digests}); this is a bug, please report it", code=1)
+    digests = check_replicas(adapter)
+    trained = [int(n) for n in adapter.allgather_object(state.trained, name="toolkit.steps_trained")]
+    start = int(meta.get("step", 0))
     lr = state.lr if state.lr is not None else \
         schedule.lr_at(config, world, state.step, datasets.steps_left(n_train, 0, world, b, k))
     summary = {
         "framework": config.framework, "backend": config.backend.value, "world_size": world,
         "processes": topo.size, "path": comm.describe(adapter.path),
         "steps": state.step, "epochs": config.epochs, "final_loss": state.loss, "accuracy": accuracy,
-        "param_digest": digests[0], "initial_digests": initial_digests, "lr": lr,
+        # what this process did: resumed at `resumed_from`, ran the steps after it (every rank,
+        # trained: the steps each rank computed, fewer on a rank with uneven_data)
+        "resumed_from": start if config.resume else None, "steps_run": state.step - start,
+        "steps_trained_per_rank": trained,
+        "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": state.samples / state.seconds if state.seconds else 0.0,
         "compression": config.compression.value, "sync": config.sync.value, **comm.summary(),
         "device": topo.device, "rank": topo.rank,

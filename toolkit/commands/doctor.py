@@ -4,7 +4,7 @@
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check Python, frameworks, Horovod extensions, MPI and GPUs")
     p.add_argument("--framework", default=None,
-                   help="exit non-zero unless this framework can train (default: from config/TOOLKIT_FRAMEWORK)")
+                   help="exit non-zero unless this framework can train; `all`: every one (default: from config/TOOLKIT_FRAMEWORK)")
     p.set_defaults(func=run)
 
 
