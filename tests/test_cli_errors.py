@@ -79,3 +79,18 @@ def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
 def test_wandb_asked_but_not_installed():
     one_line_error(run(TRAIN + ["--wandb-project", "demo", "--epochs", "1"], timeout=60),
                    "wandb_project='demo'", "pip install wandb")
+
+
+@pytest.mark.distributed
+def test_a_rank_failing_under_toolkit_launch_shows_its_line_and_exits_with_its_code():
+    """horovodrun would add its traceback (and a second one from its Gloo thread) and exit 1."""
+    proc = toolkit("launch", "-np", "3", "--gloo", "--timeout", "150", "--", *TRAIN, "--sync", "ssp", timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    one_line_error(proc, "sync=async_ps/ssp talks through MPI", "toolkit launch --mpi", launched=True)
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), proc.stdout + proc.stderr
+
+
+def test_an_unreachable_host_is_one_line_naming_it():
+    proc = toolkit("launch", "-np", "2", "-H", "nosuchhost.invalid:2", "--start-timeout", "30", "--", *TRAIN,
+                   timeout=90)
+    one_line_error(proc, "cannot reach nosuchhost.invalid", "over ssh")

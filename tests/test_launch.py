@@ -249,3 +249,67 @@ def test_launch_reads_the_elastic_block_of_the_commands_config(tmp_path):
     assert f"--host-discovery-script {script}" in out.stdout and "--min-np 1 --max-np 2" in out.stdout
     out = toolkit("launch", "-np", "2", "--max-np", "3", "--dry-run", "--", "python", "t.py", "--config", cfg)
     assert "--max-np 3" in out.stdout, out.stderr
+
+
+# -- what `toolkit launch` prints of a failed job (toolkit/launch_output.py) ----------------------
+
+HOROVODRUN_GLOO_FAILURE = """\
+[0]<stderr>:toolkit: error: staleness=-1 must be >= 0
+[1]<stderr>:toolkit: error: staleness=-1 must be >= 0
+Process 0 exit with status code 2.
+Terminating remaining workers after failure of Process 0.
+[1]<stderr>:Terminated
+Process 1 exit with status code 143.
+Traceback (most recent call last):
+  File "horovod/runner/launch.py", line 837, in run_commandline
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be terminated. The first process to do so was:
+Process name: 0
+Exit code: 2
+"""
+
+MPIRUN_FAILURE = """\
+[1,1]<stderr>:Segmentation fault
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[18077,1],1]
+  Exit code:    139
+--------------------------------------------------------------------------
+"""
+
+
+def relay_of(text: str, returncode: int):
+    import io
+
+    from toolkit.launch_output import Relay
+    out, err = io.StringIO(), io.StringIO()
+    relay = Relay(out, err)
+    for line in text.splitlines(keepends=True):
+        relay.line(line, err)
+    return relay.finish(returncode), err.getvalue()
+
+
+def test_a_failed_rank_shows_its_line_and_its_exit_code_not_the_launchers_traceback():
+    code, err = relay_of(HOROVODRUN_GLOO_FAILURE, 1)
+    assert code == 2
+    assert err.splitlines() == ["[0]<stderr>:toolkit: error: staleness=-1 must be >= 0",
+                                "[1]<stderr>:toolkit: error: staleness=-1 must be >= 0"]
+
+
+def test_a_rank_that_died_without_a_word_is_named_once():
+    code, err = relay_of(MPIRUN_FAILURE, 139)
+    assert code == 139
+    assert err.splitlines() == ["[1,1]<stderr>:Segmentation fault",
+                                "toolkit: error: launch: rank 1 exited with code 139 (its output is above)"]
+
+
+def test_an_unexplained_launcher_failure_is_printed_as_it_came():
+    text = "Traceback (most recent call last):\n  File 'x.py', line 1\nKeyError: 'mystery'\n"
+    code, err = relay_of(text, 1)
+    assert code == 1 and err == text
+    assert relay_of("[0]<stdout>:{}\nsome launcher note\n", 0) == (0, "[0]<stdout>:{}\nsome launcher note\n")

@@ -181,4 +181,4 @@ def test_a_dead_worker_ends_the_job_within_60_s():
 def test_more_servers_than_ranks_is_a_one_line_error():
     argv = [sys.executable, "-m", "toolkit", "launch", "-np", "2", "--launcher", "mpirun", "--timeout", "100",
             "--", *TRAIN, *digits("torch"), "--sync", "async_ps", "--ps-servers", "2"]
-    one_line_error(run(argv, timeout=120), "ps_servers=2", "2 rank(s)", "at least one worker")
+    one_line_error(run(argv, timeout=120), "ps_servers=2", "2 rank(s)", "at least one worker", launched=True)

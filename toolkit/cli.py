@@ -25,5 +25,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ToolkitError as e:
-        print(f"toolkit: error: {e}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"toolkit: error: {e}\n")     # one write: launchers tag output by the chunk
+        sys.stderr.flush()
         return e.code

@@ -161,6 +161,14 @@ class Config:
     straggler: Optional[str] = _f(None, "slow ranks down on purpose, for tests and benchmarks: `RANK:MS[,RANK:MS]` "
                                         "sleeps MS milliseconds before each of that rank's steps")
     quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
+    framework_logs: bool = _f(False, "show TensorFlow's C++ start-up logs (absl INFO lines: oneDNN, CPU features, "
+                                     "gRPC), which are kept off stderr by default")
+
+    def quiet_framework_logs(self) -> None:
+        """Before the framework is imported: TensorFlow's C++ INFO lines off stderr (toolkit/quiet.py)."""
+        if self.framework == "tensorflow" and not self.framework_logs:
+            from toolkit import quiet
+            quiet.filter_stderr()
 
     def __post_init__(self):
         positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",

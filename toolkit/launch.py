@@ -224,7 +224,7 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
         argv = ["mpirun"]
         if _is_root():
             argv.append("--allow-run-as-root")
-        argv += ["-np", str(spec.np), "-H", hosts, "-bind-to", "none", "-map-by", "slot",
+        argv += ["-np", str(spec.np), "-H", hosts, "-bind-to", "none", "-map-by", "slot", "--tag-output",
                  "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
         if spec.network_interface:
             argv += ["-mca", "btl_tcp_if_include", spec.network_interface]
@@ -283,15 +283,23 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     elif shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    from toolkit.launch_output import Relay
+
+    relay = Relay()
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
     try:
-        return proc.wait(timeout=timeout)
+        code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise _timed_out(timeout) from None
     except KeyboardInterrupt:
         _kill_group(proc)
         return 130
+    for pump in pumps:
+        pump.join(timeout=10)
+    return relay.finish(code)
 
 
 def _timed_out(timeout: float) -> ToolkitError:
@@ -301,14 +309,21 @@ def _timed_out(timeout: float) -> ToolkitError:
 
 def _run_workers(workers, timeout: Optional[float]) -> int:
     """Start every worker; the first non-zero exit stops the rest and is the job's exit code."""
-    procs = [subprocess.Popen(argv, env=env, start_new_session=True) for argv, env in workers]
+    from toolkit.launch_output import Relay
+
+    relay = Relay()
+    procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, errors="replace", bufsize=1) for argv, env in workers]
+    pumps = [relay.pump(pipe, stream, rank) for rank, p in enumerate(procs)
+             for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
     deadline = None if timeout is None else time.monotonic() + timeout
+    failed = None
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
+            failed = next(((rank, c) for rank, c in enumerate(codes) if c not in (None, 0)), None)
             if failed or all(c == 0 for c in codes):
-                return failed[0] if failed else 0
+                break
             if deadline is not None and time.monotonic() > deadline:
                 raise _timed_out(timeout)
             time.sleep(0.2)
@@ -318,6 +333,9 @@ def _run_workers(workers, timeout: Optional[float]) -> int:
         for p in procs:
             if p.poll() is None:
                 _kill_group(p)
+        for pump in pumps:          # the workers are gone: their last lines are in the pipes
+            pump.join(timeout=5)
+    return relay.worker_failed(*failed) if failed else 0
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -28,7 +28,8 @@ def digest(arrays) -> str:
 
 def _log(rank: int, message: str, quiet: bool = False) -> None:
     if rank == 0 and not quiet:
-        print(message, file=sys.stderr, flush=True)
+        sys.stderr.write(message + "\n")      # one write: mpirun --tag-output tags each chunk it reads
+        sys.stderr.flush()
 
 
 def _progress_bar(config: Config, rank: int, epoch: int, steps: int, done: int):

@@ -86,10 +86,7 @@ def run(args) -> int:
         for argv, env in plans:
             print(launch.format_command(argv, env, os.environ))
         return 0
-    code = launch.run(spec, timeout=args.timeout)
-    if code != 0:
-        print(f"toolkit: launch: the job exited with code {code}", file=sys.stderr)
-    return code
+    return launch.run(spec, timeout=args.timeout)    # a failed rank's own line says why, its code is the job's
 
 
 def _elastic_settings(args, command) -> dict:

@@ -14,7 +14,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from toolkit import config, trainer
 
-    summary = trainer.run(config.resolve(args))
+    cfg = config.resolve(args)
+    cfg.quiet_framework_logs()
+    summary = trainer.run(cfg)
     if summary.pop("rank") == 0:
         # one write, so mpirun's --tag-output cannot split the line from its newline
         sys.stdout.write(json.dumps(summary) + "\n")

@@ -1,0 +1,108 @@
+"""What `toolkit launch` prints of its launcher's output: every rank's lines as they come, and for a
+job that failed, the ranks' own one-line errors instead of the launcher's traceback.
+
+horovodrun and `mpirun --tag-output` tag each rank's line (`[1]<stderr>:` over Gloo,
+`[1,1]<stderr>:` over MPI). Untagged lines are the launcher's own. When a rank exits non-zero,
+horovodrun raises (a 20-line traceback, sometimes a second one from its Gloo thread) and mpirun
+prints a banner; both name the rank and its exit code. Those lines are held back from the first
+sign of them; at the end, if a rank's failure explains them, they are dropped and the job's exit
+code is that rank's (horovodrun itself exits 1 whatever the rank's code). A rank that failed without
+a `toolkit: error:` line of its own gets one from the launcher. A launcher that failed by itself
+(no rank did) is reduced to its last line, e.g. horovodrun's ssh check. Anything not recognised is
+printed as it came.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import IO
+
+TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
+                       r"Process \d+ exit with status code [1-9]\d*\.|Terminating remaining workers|"
+                       r"ssh not successful for host )")
+SSH_FAILED = re.compile(r"^ssh not successful for host (\S+?):?\s*$")
+EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
+PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
+RANK_ERROR = "toolkit: error: "
+
+
+class Relay:
+    """Copies a launcher's stdout and stderr lines to ours, holding back its failure reports."""
+
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None):
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.lock = threading.Lock()
+        self.held: list[tuple[IO[str], str]] = []
+        self.rank_errors = 0
+        self.failed_rank: str | None = None
+        self.rank_code: int | None = None
+
+    def line(self, text: str, stream: IO[str], rank: int | None = None) -> None:
+        """One line of the launcher's (`rank` None) or of a worker the toolkit started itself."""
+        with self.lock:
+            if rank is not None or TAG.match(text):
+                if TAG.sub("", text).strip() == "Terminated":   # the shell of a rank the launcher stopped
+                    return
+                if RANK_ERROR in text:
+                    self.rank_errors += 1
+                self._write(stream, text)
+                return
+            if not self.held and not HOLD_FROM.match(text):
+                self._write(stream, text)
+                return
+            self.held.append((stream, text))
+            if (m := EXIT_CODE.match(text)) and self.rank_code is None:
+                self.rank_code = int(m.group(1))
+            if (m := PROCESS.match(text)) and self.failed_rank is None:
+                self.failed_rank = m.group(1)
+
+    @staticmethod
+    def _write(stream: IO[str], text: str) -> None:
+        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.flush()
+
+    def pump(self, source: IO[str], stream: IO[str], rank: int | None = None) -> threading.Thread:
+        """A thread copying `source` (a launcher's pipe, or worker `rank`'s) line by line."""
+        def copy():
+            for text in iter(source.readline, ""):
+                self.line(text, stream, rank)
+        thread = threading.Thread(target=copy, daemon=True)
+        thread.start()
+        return thread
+
+    def worker_failed(self, rank: int, code: int) -> int:
+        """A worker the toolkit started itself exited non-zero (the first one to)."""
+        if not self.rank_errors:
+            self._write(self.err, f"toolkit: error: launch: worker {rank} exited with code {code}")
+        return code
+
+    def finish(self, returncode: int) -> int:
+        """After the launcher exited: settle what was held back; the job's exit code."""
+        if returncode == 0 or not self.held:
+            for stream, text in self.held:
+                self._write(stream, text)
+            return returncode
+        if self.rank_code is not None:          # a rank failed: its own line says why
+            if not self.rank_errors:
+                rank = f"rank {self.failed_rank}" if self.failed_rank is not None else "a rank"
+                self._write(self.err, f"toolkit: error: launch: {rank} exited with code {self.rank_code} "
+                                      "(its output is above)")
+            return self.rank_code or returncode
+        lines = [t.strip() for _, t in self.held]
+        unreachable = [(m.group(1), lines[i + 1] if i + 1 < len(lines) else "")
+                       for i, t in enumerate(lines) if (m := SSH_FAILED.match(t))]
+        if unreachable:                         # horovodrun's ssh check, one host at a time
+            hosts = ", ".join(f"{host} ({why})" if why and not why.startswith("Traceback") else host
+                              for host, why in unreachable)
+            self._write(self.err, f"toolkit: error: launch: cannot reach {hosts} over ssh; check the host "
+                                  "names in -H/--hostfile and that ssh to them works without a password")
+            return returncode
+        last = next((t.strip() for _, t in reversed(self.held) if t.strip() and not t.startswith("-")), "")
+        if last.startswith(("RuntimeError: ", "ValueError: ")):   # horovodrun's own checks
+            self._write(self.err, "toolkit: error: launch: " + last.split(": ", 1)[1])
+        else:
+            for stream, text in self.held:
+                self._write(stream, text)
+        return returncode
