@@ -22,6 +22,7 @@ declare -A ns=([hostA]="tk${id}a" [hostB]="tk${id}b") addr=([hostA]=10.231.0.1 [
 
 on() {   # on HOST COMMAND...: in HOST's network namespace, with HOST's name and /etc/hosts
     local host=$1; shift
+    # shellcheck disable=SC2016  # $0 and $@ are the inner shell's: single quotes on purpose
     ip netns exec "${ns[$host]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
 }
 

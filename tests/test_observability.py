@@ -8,6 +8,7 @@ import struct
 import subprocess
 import termios
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -83,49 +84,53 @@ def test_horovod_settings_become_horovod_variables(monkeypatch, tmp_path, stall,
     assert (tmp_path / "t").is_dir(), "Horovod does not create the timeline's folder"
 
 
-FAKE_WANDB = '''"""A stand-in with the slice of wandb's API the toolkit calls (init -> Run.log / Run.finish); it
-records the calls, so the test checks what rank 0 sends without an account or a network."""
-import json
-import os
+def wandb_records(log_dir) -> list:
+    """The records of the one offline W&B run under `log_dir`, read back from its transaction log
+    (`run-<id>.wandb`: LevelDB's log framing, 32 KiB blocks, 7-byte chunk headers, protobuf
+    `Record`s; wandb 0.31 ships the protobuf classes but no reader)."""
+    from wandb.proto import wandb_internal_pb2 as pb
 
-
-def _record(**call):
-    with open(os.environ["FAKE_WANDB_LOG"], "a") as f:
-        f.write(json.dumps(call) + "\\n")
-
-
-class Run:
-    def log(self, data, step=None):
-        _record(call="log", data=data, step=step)
-
-    def finish(self):
-        _record(call="finish")
-
-
-def init(project=None, config=None, dir=None):
-    _record(call="init", project=project, config=config, dir=dir)
-    return Run()
-'''
+    (path,) = Path(log_dir).glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    out, pos, pending = [], 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if kind == 0:                   # the rest of a block is padding
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):              # FULL, or LAST of FIRST/MIDDLE/LAST
+            record = pb.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out
 
 
 @torch_only
-def test_weights_and_biases_when_installed_and_asked(tmp_path):
-    (tmp_path / "wandb").mkdir()
-    (tmp_path / "wandb" / "__init__.py").write_text(FAKE_WANDB)
-    calls_file = tmp_path / "calls.jsonl"
-    env = clean_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", FAKE_WANDB_LOG=str(calls_file))
-    out = summary(run(TRAIN + digits("torch") + ["--epochs", "2", "--wandb-project", "demo", "--quiet"], env=env))
-    calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
-    assert [c["call"] for c in calls] == ["init", "log", "log", "finish"]
-    assert calls[0]["project"] == "demo" and calls[0]["config"]["epochs"] == 2 and calls[0]["config"]["framework"] == "torch"
-    last = calls[2]
-    assert last["step"] == out["steps"] and last["data"]["epoch"] == 2
-    assert last["data"]["accuracy"] == pytest.approx(out["accuracy"])
-    assert {"loss", "test_loss", "lr", "samples_per_sec", "bytes_sent_per_step"} <= set(last["data"])
-    # without the key, wandb is never imported: the stand-in would have recorded an init
-    calls_file.unlink()
-    summary(run(TRAIN + digits("torch") + ["--epochs", "1", "--quiet"], env=env))
-    assert not calls_file.exists()
+def test_weights_and_biases_when_asked(tmp_path):
+    """The real W&B client (pinned by `make setup`), offline: what the toolkit logged is read back
+    from the run's own files."""
+    env = clean_env(WANDB_MODE="offline", WANDB_SILENT="true")
+    out = summary(run(TRAIN + digits("torch") + ["--epochs", "2", "--wandb-project", "demo", "--log-dir", tmp_path,
+                                                 "--quiet"], env=env))
+    records = wandb_records(tmp_path)
+    (start,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    config = {item.key: json.loads(item.value_json) for item in start.config.update}
+    assert start.project == "demo" and config["epochs"] == 2 and config["framework"] == "torch"
+    logged = [r.history for r in records if r.WhichOneof("record_type") == "history"]
+    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item} for h in logged]
+    assert [h.step.num for h in logged] == [out["steps"] // 2, out["steps"]]
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[-1]["accuracy"] == pytest.approx(out["accuracy"])
+    assert {"loss", "test_loss", "lr", "samples_per_sec"} <= set(history[-1])
+    assert any(r.WhichOneof("record_type") == "exit" for r in records), "the run was not finished"
+    # without the key, wandb is never imported (no second run appears)
+    summary(run(TRAIN + digits("torch") + ["--epochs", "1", "--log-dir", tmp_path, "--quiet"], env=env))
+    assert len(list(tmp_path.glob("wandb/offline-run-*"))) == 1
 
 
 def test_cpu_fusion_default_only_when_nobody_chose(monkeypatch):

