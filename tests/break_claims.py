@@ -26,34 +26,115 @@ ROOT = Path(__file__).resolve().parent.parent
 class Mutant:
     id: str
     claim: str
-    file: str
-    old: str
-    new: str
+    edits: tuple[tuple[str, str, str], ...]     # (file, text, replacement): each text occurs once
     tests: tuple[str, ...]
 
 
+D, C, P = "tests/test_distributed.py", "tests/test_distributed_communication.py", "tests/test_ps.py"
 MUTANTS = [
+    Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
+           (("toolkit/trainer.py", "meta = _restore(adapter, comm, config, rank, collective=not config.elastic) "
+             "if config.resume else {}", "meta = {}"),),
+           (f"{D}::test_resume_reaches_the_uninterrupted_parameters[torch]",)),
+    Mutant("resume-ps-from-zero", "parameter-server checkpoints resume (servers reload their shards)",
+           (("toolkit/ps.py", "        if c.resume:\n            self._load(servers)\n        else:",
+             "        if False:\n            pass\n        else:"),),
+           (f"{P}::test_one_worker_at_staleness_0_is_synchronous_sgd_and_the_servers_checkpoints_resume",)),
+    Mutant("no-broadcast", "ranks that start from different weights end identical (the broadcast)",
+           (("toolkit/trainer.py", "    if not config.elastic:\n        adapter.broadcast()", "    pass"),),
+           (f"{D}::test_two_ranks_start_different_and_end_identical[torch-gloo]",)),
+    Mutant("no-broadcast-no-check", "replicas identical, even with the trainer's own check gone",
+           (("toolkit/trainer.py", "    if not config.elastic:\n        adapter.broadcast()", "    pass"),
+            ("toolkit/trainer.py", "    if len(set(digests)) != 1:\n        raise ToolkitError(\"replica check",
+             "    if False:\n        raise ToolkitError(\"replica check")),
+           (f"{D}::test_two_ranks_start_different_and_end_identical[torch-gloo]",)),
+    Mutant("replica-check-off", "the trainer stops a job whose replicas differ",
+           (("toolkit/trainer.py", "    if len(set(digests)) != 1:\n        raise ToolkitError(\"replica check",
+             "    if False:\n        raise ToolkitError(\"replica check"),),
+           ("tests/test_replica_check.py",)),
+    Mutant("ssp-loose", "SSP: no worker more than `staleness` steps ahead (server loosened, its record clamped)",
+           (("toolkit/ps.py", "if self.bound is None or gap <= self.bound:", "if self.bound is None or gap <= self.bound + 3:"),
+            ("toolkit/ps.py", "self.clock_gaps[max(gap, 0)] += 1", "self.clock_gaps[min(max(gap, 0), self.bound)] += 1")),
+           (f"{P}::test_ssp_with_a_straggler_keeps_its_bound_and_trains_digits[torch]",)),
+    Mutant("uneven-ignored", "uneven_data trains a rank on part of its batches",
+           (("toolkit/trainer.py", "my_steps = int(spe * fractions.get(rank, 1.0))", "my_steps = spe"),),
+           ("tests/test_uneven.py",)),
+    Mutant("adasum-averages", "op: adasum is Horovod's Adasum",
+           (("adapters/torch.py", "Op.ADASUM: hvd.Adasum", "Op.ADASUM: hvd.Average"),),
+           (f"{C}::test_adasum_trains_on_two_mpi_ranks[torch]",)),
+    Mutant("local-sgd-is-sync", "local SGD trains locally between averages",
+           (("toolkit/communication.py", "if self.local_steps and step >= self.warmup_steps:", "if False:"),),
+           (f"{C}::test_local_sgd_with_one_local_step_equals_synchronous[torch]",)),
+    Mutant("no-warmup", "lr warm-up ramps over warmup_epochs",
+           (("toolkit/schedule.py", "if warmup_steps <= 0 or step >= warmup_steps:", "if True:"),),
+           (f"{D}::test_lr_scaling_and_warmup_by_world_size[torch]",)),
+    Mutant("bytes-constant", "bytes_sent_per_step is what Horovod reduced (fp16: 2 bytes a value)",
+           (("toolkit/communication.py", "self.horovod_value_bytes = 2 if config.compression is Compression.FP16 else 4",
+             "self.horovod_value_bytes = 4"),),
+           (f"{D}::test_fp16_compression_close_to_none[torch]",)),
+    Mutant("bytes-at-one-rank", "a 1-rank job sends no bytes",
+           (("toolkit/communication.py", "            if self.world > 1:      # Horovod skips",
+             "            if True:      # Horovod skips"),),
+           (f"{D}::test_single_process_runs_unchanged_and_writes_its_config[torch]",)),
+    Mutant("fp16-ignored", "compression: fp16 really compresses (Horovod's fp16 compressor)",
+           (("adapters/torch.py", "compression=hvd.Compression.fp16 if config.compression is Compression.FP16 "
+             "else hvd.Compression.none", "compression=hvd.Compression.none"),),
+           (f"{D}::test_fp16_compression_close_to_none[torch]",)),
+    Mutant("accumulation-off", "accumulation_steps k x batch b equals one batch of k*b",
+           (("adapters/torch.py", "backward_passes_per_step=config.accumulation_steps", "backward_passes_per_step=1"),),
+           (f"{D}::test_accumulation_equals_large_batch[torch]",)),
+    Mutant("op-sum-averages", "op: sum is the sum of the ranks' gradients",
+           (("adapters/torch.py", "Op.SUM: hvd.Sum", "Op.SUM: hvd.Average"),),
+           (f"{D}::test_op_sum_is_average_times_world_size[torch]",)),
     Mutant("checkpoint-gap", "a writer killed at any moment leaves the newest checkpoint whole",
-           "toolkit/checkpoint.py", 'for p in root.glob(f".{PREFIX}*.{REPLACED}-*"):', "for p in []:",
+           (("toolkit/checkpoint.py", 'for p in root.glob(f".{PREFIX}*.{REPLACED}-*"):', "for p in []:"),),
            ("tests/test_checkpoint.py::test_a_writer_killed_while_replacing_a_step_leaves_the_old_checkpoint",)),
+    Mutant("corrupt-undetected", "a corrupt checkpoint is refused with one line naming it",
+           (("toolkit/checkpoint.py", "if not p.is_file() or _sha256(p) != digest:", "if not p.is_file():"),),
+           ("tests/test_checkpoint.py::test_corrupt_latest_is_a_clear_error_and_older_untouched",
+            f"{D}::test_corrupt_checkpoint_on_resume[torch]")),
+    Mutant("residuals-lost", "top-k resume restores every rank's error-feedback residual",
+           (("toolkit/communication.py", "        self.exchange.residual = residuals[self.rank].copy()\n",
+             "        pass\n"),),
+           (f"{C}::test_topk_sends_a_hundredth_and_resumes_exactly[torch]",)),
+    Mutant("two-line-error", "bad input is exactly one line on stderr",
+           (("toolkit/cli.py", 'sys.stderr.write(f"toolkit: error: {e}\\n")',
+             'sys.stderr.write(f"toolkit: error: {e}\\nsee the README\\n")'),),
+           ("tests/test_cli_errors.py::test_bad_flags",)),
+    Mutant("tf-noise", "TensorFlow's C++ start-up logs stay off stderr",
+           (("toolkit/quiet.py", "    return bool(NOISE.match(line))", "    return False"),),
+           (f"{D}::test_adasum_over_gloo_is_a_clear_error[tensorflow]",)),
+    Mutant("launcher-code", "toolkit launch exits with the failed rank's code, no traceback",
+           (("toolkit/launch_output.py", "            return self.rank_code or returncode", "            return returncode"),),
+           ("tests/test_cli_errors.py::test_a_rank_failing_under_toolkit_launch_shows_its_line_and_exits_with_its_code",)),
+    Mutant("bar-everywhere", "rank 0's progress bar only on a terminal",
+           (("toolkit/trainer.py", "if rank != 0 or config.quiet or not sys.stderr.isatty():",
+             "if rank != 0 or config.quiet:"),),
+           ("tests/test_observability.py::test_progress_bar_on_a_terminal_only",)),
 ]
 
 
 def run(mutant: Mutant) -> tuple[bool, float, str]:
-    """(the tests failed, seconds, last lines of pytest's output) with the mutant applied."""
-    path = ROOT / mutant.file
-    original = path.read_text()
-    if original.count(mutant.old) != 1:
-        raise SystemExit(f"{mutant.id}: the text to change occurs {original.count(mutant.old)} times in "
-                         f"{mutant.file}; update the mutant")
-    path.write_text(original.replace(mutant.old, mutant.new))
+    """(the tests failed, seconds, last line of pytest's output) with the mutant applied."""
+    originals = {}
+    for file, old, new in mutant.edits:
+        path = ROOT / file
+        text = path.read_text()
+        originals.setdefault(path, text)
+        if text.count(old) != 1:
+            for p, t in originals.items():
+                p.write_text(t)
+            raise SystemExit(f"{mutant.id}: the text to change occurs {text.count(old)} times in {file}; "
+                             "update the mutant")
+        path.write_text(text.replace(old, new))
     try:
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
                               cwd=ROOT, capture_output=True, text=True)
         seconds = time.monotonic() - t0
     finally:
-        path.write_text(original)
+        for path, text in originals.items():
+            path.write_text(text)
     tail = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or [""]
     return proc.returncode not in (0, 5), seconds, tail[0]      # 5: no test collected
 
@@ -66,7 +147,11 @@ def main() -> int:
     chosen = [m for m in MUTANTS if not args.ids or m.id.startswith(tuple(args.ids))]
     if args.list:
         for m in chosen:
-            print(f"{m.id:28} {m.file:34} {m.claim}")
+            for file, old, _ in m.edits:
+                found = (ROOT / file).read_text().count(old)
+                if found != 1:
+                    print(f"{m.id}: the text to change occurs {found} times in {file}", file=sys.stderr)
+            print(f"{m.id:24} {', '.join(sorted({f for f, _, _ in m.edits})):34} {m.claim}")
         return 0
     survived = []
     print("| mutant | claim broken | tests | caught | seconds |\n|---|---|---|---|---|")

@@ -55,7 +55,7 @@ def test_local_sgd_after_compressed_warmup_ends_identical(fw):
     out = train_job("gloo", digits(fw) + ["--epochs", "1", "--sync", "local_sgd", "--local-steps", "5",
                                           "--sync-warmup-steps", "6", "--compression", "int8"])
     assert_replicas(out)
-    assert out["accuracy"] > 0.7
+    assert out["accuracy"] > 0.5        # one epoch (synchronous training reaches ~0.64)
     assert out["compression_ratio"] > 1.5       # int8 warm-up, then one dense average per 5 steps
 
 
@@ -68,7 +68,7 @@ def test_adasum_trains_on_two_mpi_ranks(fw, tmp_path, tmp_path_factory):
     out = train_job("mpi", digits(fw) + ["--epochs", "1", "--op", "adasum", "--checkpoint-dir", tmp_path])
     assert_replicas(out)
     assert max_diff(params(fw, tmp_path), average) > 1e-3, "op=adasum reached op=average's weights"
-    assert out["accuracy"] > 0.7
+    assert out["accuracy"] > 0.5        # one epoch (the average's reaches ~0.64)
 
 
 def test_adasum_on_three_ranks_is_a_clear_error():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from toolkit.config import Config
@@ -23,12 +24,30 @@ def check(config: Config) -> None:
                            "installed; run `.venv/bin/pip install wandb`, or unset wandb_project")
 
 
+def _summary_writer():
+    """tensorboardX's SummaryWriter, imported with torch hidden unless torch is already loaded.
+
+    tensorboardX's writer imports torch when it can, only to accept torch tensors (the toolkit logs
+    floats). Importing torch after horovod.mxnet kills the process with a segfault (MXNet 1.9.1,
+    torch 2.13, seen as soon as an MXNet job set log_dir), and in a TensorFlow rank it would only
+    cost a second and memory."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None         # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsLog:
     def __init__(self, config: Config):
         self.folder, self.writer, self.wandb = None, None, None
         if config.log_dir:
             try:
-                from tensorboardX import SummaryWriter
+                SummaryWriter = _summary_writer()
             except ImportError:
                 raise ToolkitError("log_dir writes TensorBoard files with tensorboardX, which is not installed; "
                                    "run `make setup` (or pip install tensorboardX==2.6.5), or drop log_dir") from None
