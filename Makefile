@@ -12,6 +12,7 @@ setup:
 	$(PYTHON) -m toolkit setup
 
 demo: setup
+	rm -rf runs/demo
 	$(BIN)/toolkit launch -np 2 --gloo --timeout 600 -- $(BIN)/python examples/train.py \
 		--framework torch --dataset digits --epochs 15 --checkpoint-dir runs/demo
 

@@ -1,7 +1,8 @@
 """Synchronous allreduce against the parameter server (SSP s=1, s=4, fully async), with and without
-one injected straggler; the table goes into docs/ASYNC.md between its markers.
+one injected straggler; the table behind docs/ASYNC.md.
 
-    .venv/bin/python examples/async_bench.py [--workers 3] [--epochs 10] [--straggler-ms 30] [--print-only]
+    .venv/bin/python examples/async_bench.py --epochs 2          # ~3 min, print only
+    .venv/bin/python examples/async_bench.py --write-docs        # 3 workers, 10 epochs: ~12 min, into the doc
 
 Every row trains `digits` (torch, MLP, batch 32 per worker, SGD lr 0.05 momentum 0.9) for the same
 number of epochs, so every row sees the same number of samples. Sync runs W ranks through Horovod
@@ -57,7 +58,7 @@ def histogram(h: dict | None) -> str:
 
 def table(results, args) -> str:
     out = [f"Command: `.venv/bin/python examples/async_bench.py --workers {args.workers} --epochs {args.epochs} "
-           f"--straggler-ms {args.straggler_ms}`; {datetime.date.today()}, {os.cpu_count()} CPU cores "
+           f"--straggler-ms {args.straggler_ms} --write-docs`; {datetime.date.today()}, {os.cpu_count()} CPU cores "
            f"({platform.processor() or platform.machine()}), torch MLP on digits, batch 32 per worker.",
            "",
            "| straggler | method | samples/s | x sync | accuracy | staleness (updates) mean / max | "
@@ -82,11 +83,14 @@ def write(text: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--straggler-ms", type=float, default=30.0)
-    p.add_argument("--print-only", action="store_true", help="print the table, do not touch docs/ASYNC.md")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=3, help="workers (the parameter-server rows add one server) "
+                   "(default 3)")
+    p.add_argument("--epochs", type=int, default=10, help="epochs of digits per row (default 10)")
+    p.add_argument("--straggler-ms", type=float, default=30.0, help="sleep of the slow worker before each of "
+                   "its steps (default 30)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="also write the table into docs/ASYNC.md (default: print it only)")
     args = p.parse_args()
     results = {}
     for label, with_straggler in ((f"{args.straggler_ms:g} ms on one worker", True), ("none", False)):
@@ -98,7 +102,7 @@ def main() -> int:
             results[label].append((name, r))
     text = table(results, args)
     print(text)
-    if not args.print_only:
+    if args.write_docs:
         write(text)
     return 0
 

@@ -1,7 +1,7 @@
-"""Measure every communication method on real 2-rank jobs and write the table in docs/COMMUNICATION.md.
+"""Measure every communication method on real 2-rank jobs; the table behind docs/COMMUNICATION.md.
 
-    .venv/bin/python examples/communication_bench.py                      # all frameworks, 15 epochs
-    .venv/bin/python examples/communication_bench.py --frameworks torch --epochs 5 --no-write
+    .venv/bin/python examples/communication_bench.py --frameworks torch --epochs 3   # ~2 min: print only
+    .venv/bin/python examples/communication_bench.py --write-docs     # all frameworks, 15 epochs, ~10 min
 
 Each row is one `horovodrun -np 2` training of `digits` (examples/train.py, same seed and epochs),
 read from the job's JSON summary: test accuracy, bytes each rank sent per optimizer step (toolkit
@@ -71,12 +71,14 @@ def table(rows: list[tuple[str, str, dict]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frameworks", default="torch,tensorflow,mxnet")
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("-np", dest="np_", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per job")
-    parser.add_argument("--no-write", action="store_true", help="print the table, leave the doc alone")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frameworks", default="torch,tensorflow,mxnet",
+                        help="comma-separated frameworks to measure (default: all three)")
+    parser.add_argument("--epochs", type=int, default=15, help="epochs of digits per job (default 15)")
+    parser.add_argument("-np", dest="np_", type=int, default=2, help="ranks per job (default 2)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per job (default 600)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="also write the table into docs/COMMUNICATION.md (default: print it only)")
     args = parser.parse_args()
     rows = []
     for fw in args.frameworks.split(","):
@@ -92,9 +94,9 @@ def main() -> int:
                   f"{out['compression_ratio']:7.1f}x  {out['wall_s']:.0f} s", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)
-    if not args.no_write:
+    if args.write_docs:
         command = (f"`.venv/bin/python examples/communication_bench.py --frameworks {args.frameworks} "
-                   f"--epochs {args.epochs} -np {args.np_}`")
+                   f"--epochs {args.epochs} -np {args.np_} --write-docs`")
         block = f"{BEGIN}\nMade by {command} ({args.np_} ranks, digits, {args.epochs} epochs, seed 42).\n\n{text}\n{END}"
         doc = DOC.read_text()
         if BEGIN not in doc:

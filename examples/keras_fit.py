@@ -39,10 +39,11 @@ def tf_keras_pieces(lr: float):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3",
+                        help="Keras 3 with the toolkit's pieces, or legacy tf-keras with Horovod's (default keras3)")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over this rank's half of digits (default 10)")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, momentum 0.9 (default 0.05)")
     parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16", "mixed_float16"),
                         help="Keras dtype policy (mixed_float16 wraps the optimizer in a loss scale optimizer)")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
-"""The toolkit against its peers, and the Horovod tuning attempts, on one model; tables into docs/BENCHMARKS.md.
+"""The toolkit against its peers, and the Horovod tuning attempts, on one model; the tables behind docs/BENCHMARKS.md.
 
-    .venv/bin/python examples/peers_bench.py                     # both tables, 2 workers, written to the doc
-    .venv/bin/python examples/peers_bench.py --suite peers --repeats 1 --no-write
+    .venv/bin/python examples/peers_bench.py --suite peers --repeats 1        # ~8 min, print only
+    .venv/bin/python examples/peers_bench.py --write-docs        # peers + tuning, 3 rounds: 20+ min, into the doc
     .venv/bin/python examples/peers_bench.py --suite overhead -np 1 --features 64 --hidden-size 64 --hidden-layers 1 --repeats 5
 
 Every row times the same MLP (`--features` inputs, `--hidden-layers` x `--hidden-size`, 10 classes),
@@ -186,20 +186,22 @@ def write(marker: str, text: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=("peers", "tuning", "fusion", "overhead"), action="append",
-                   help="which table(s); default peers and tuning")
-    p.add_argument("-np", dest="np", type=int, default=2)
-    p.add_argument("--features", type=int, default=1024)
-    p.add_argument("--hidden-size", type=int, default=2048)
-    p.add_argument("--hidden-layers", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--steps-per-iter", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3, help="rounds over all rows; each row reports its median")
-    p.add_argument("--timeout", type=int, default=600, help="seconds per job")
-    p.add_argument("--no-write", action="store_true", help="print the tables, leave the doc alone")
+                   help="which table(s), repeatable (default: peers and tuning)")
+    p.add_argument("-np", dest="np", type=int, default=2, help="workers per job (default 2)")
+    p.add_argument("--features", type=int, default=1024, help="MLP input width (default 1024)")
+    p.add_argument("--hidden-size", type=int, default=2048, help="MLP hidden width (default 2048)")
+    p.add_argument("--hidden-layers", type=int, default=3, help="MLP hidden layers (default 3)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per round (default 5)")
+    p.add_argument("--steps-per-iter", type=int, default=10, help="steps per timed iteration (default 10)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over all rows; each row reports its median "
+                   "(default 3)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per job (default 600)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="also write the tables into docs/BENCHMARKS.md (default: print them only)")
     a = p.parse_args()
     suites = [("peers", PEER_ROWS, "x (b) throughput"), ("tuning", TUNING_ROWS, "x DDP throughput"),
               ("fusion", FUSION_ROWS, "x DDP throughput"),
@@ -214,13 +216,13 @@ def main() -> int:
                   + (a.hidden_size + 1) * 10)
         command = (f"`.venv/bin/python examples/peers_bench.py --suite {name} -np {a.np} --features {a.features} "
                    f"--hidden-size {a.hidden_size} --hidden-layers {a.hidden_layers} --repeats {a.repeats} "
-                   f"--iters {a.iters} --steps-per-iter {a.steps_per_iter}`")
+                   f"--iters {a.iters} --steps-per-iter {a.steps_per_iter} --write-docs`")
         text = (f"Made by {command} on {machine()}. MLP {a.features} -> {a.hidden_layers} x {a.hidden_size} -> 10 "
                 f"({params / 1e6:.2f}M parameters), batch {a.batch_size} per worker, {a.np} workers, "
                 f"{a.warmup} warm-up steps, {a.iters} x {a.steps_per_iter} timed steps per round.\n\n"
                 + table(rows, results, a, ratio))
         print(text)
-        if not a.no_write:
+        if a.write_docs:
             write(name, text)
     return 1 if failed else 0
 

@@ -70,7 +70,7 @@ def measure(hidden_size: int, hidden_layers: int, features: int, blocks: int, st
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="64x1,2048x3", help="hidden_size x hidden_layers, comma separated")
-    p.add_argument("--features", type=int, default=1024)
+    p.add_argument("--features", type=int, default=1024, help="MLP input width (default 1024)")
     p.add_argument("--blocks", type=int, default=15, help="alternating blocks per path")
     args = p.parse_args()
     rows = []

@@ -2,7 +2,7 @@
 import pytest
 
 from toolkit import config
-from toolkit.config import Config, Optimizer
+from toolkit.config import Config, Optimizer, Sync
 from toolkit.errors import ToolkitError
 
 
@@ -213,3 +213,14 @@ def test_parameter_server_defaults():
     assert (c.staleness, c.ps_servers, c.toolkit_exchange) == (4, 1, True)
     c = config.resolve({"sync": "async_ps", "ps_servers": "2"}, environ={})
     assert (c.staleness, c.ps_servers) == (None, 2)
+
+
+def test_config_show_writes_the_readme_form_and_reads_back(tmp_path):
+    """`toolkit config show` (and config.yaml beside checkpoints): the `elastic:` block as the README
+    writes it, and each unset key whose value depends on others says what it becomes."""
+    for made in (Config(elastic_min_np=2), Config(sync=Sync.SSP)):
+        text = made.to_yaml()
+        (tmp_path / "c.yaml").write_text(text)
+        assert config.resolve({"config": str(tmp_path / "c.yaml")}, environ={}) == made
+    assert "\nelastic:\n  min_np: 2\n  max_np: null  # unset: no limit\n" in Config(elastic_min_np=2).to_yaml()
+    assert "elastic_" not in text and "\nstaleness: 4\n" in text and "\nlocal_steps: null  # unset: 4\n" in text

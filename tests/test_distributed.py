@@ -227,6 +227,16 @@ def test_corrupt_checkpoint_on_resume(fw, tmp_path, tmp_path_factory):
     assert hashlib.sha256((older / state).read_bytes()).hexdigest() == before
 
 
+@pytest.mark.parametrize("fw", ["torch"], indirect=True)     # the check is the trainer's, before any step
+def test_an_earlier_runs_checkpoints_are_not_overwritten_without_resume(fw, tmp_path, tmp_path_factory):
+    used = tmp_path / "ckpt"
+    shutil.copytree(single_run(fw, tmp_path_factory)[1], used)
+    before = {p.name: file_hashes(p) for p in used.iterdir() if p.is_dir()}
+    proc = run(TRAIN + digits(fw) + ["--epochs", "3", "--checkpoint-dir", used], timeout=120)
+    one_line_error(proc, f"checkpoint_dir {used} already holds", "--resume", "new folder")
+    assert {p.name: file_hashes(p) for p in used.iterdir() if p.is_dir()} == before
+
+
 def test_horovod_built_without_the_framework(fw, tmp_path):
     """A Horovod whose extension for `fw` was not built (what --check-build would still tick)."""
     fake = tmp_path / "site" / "horovod"

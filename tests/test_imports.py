@@ -28,7 +28,7 @@ def test_help_is_light():
             "        except SystemExit as e:\n            codes.append(e.code)\n"
             "    texts.append(out.getvalue())\n"
             "assert codes == [0, 0], codes\n"
-            "assert 'usage: toolkit' in texts[0] and 'launch' in texts[0], texts[0]\n"
+            "assert 'usage: toolkit' in texts[0] and 'examples:' in texts[0] and 'toolkit launch -np 2' in texts[0]\n"
             "assert 'usage: toolkit train' in texts[1] and '--batch-size' in texts[1], texts[1]")
     loaded = modules_after(code)
     assert not loaded & set(FRAMEWORKS), loaded & set(FRAMEWORKS)

@@ -82,7 +82,9 @@ def test_empty_command():
 def test_cli_dry_run_prints_the_command():
     proc = toolkit("launch", "-np", "2", "--gloo", "--dry-run", "--", "python", "x.py", "--lr", "0.1")
     assert proc.returncode == 0, proc.stderr
-    assert "horovodrun -np 2 -H localhost:2 --start-timeout 60 --gloo python x.py --lr 0.1" in proc.stdout
+    # what really runs: horovodrun as `python -m toolkit.horovodrun` (its build check made cheap)
+    assert f"{sys.executable} -m toolkit.horovodrun -np 2 -H localhost:2 --start-timeout 60 --gloo python x.py " \
+           "--lr 0.1" in proc.stdout
 
 
 def test_cli_np_more_than_slots_is_one_line_error():
@@ -118,6 +120,22 @@ def test_tf_config_workers_across_hosts_fill_slots_in_order():
         remote = shlex.split(argv[4])        # the environment travels in the remote command line
         assert "TOOLKIT_EPOCHS=3" in remote and remote[-len(CMD):] == list(CMD)
         assert json.loads(next(a for a in remote if a.startswith("TF_CONFIG="))[10:])["task"]["index"] == index
+
+
+def test_remote_tf_worker_runs_this_virtualenvs_python_and_only_tensorflows_variables(tmp_path):
+    """The ssh line of a worker on another host, run by a shell with a node's bare PATH (as sshd
+    gives it): a plain `python` there must be this virtualenv's, and another tool's TF_* stays home."""
+    spec = launch.LaunchSpec(command=("python", "-c", "import os, sys; print(sys.executable); "
+                                      "print(os.environ.get('TF_CLI_CONFIG_FILE'))"),
+                             np=2, hosts="localhost:1,b:1", launcher="tf_config")
+    environ = {"PATH": "/usr/bin:/bin", "TF_CLI_CONFIG_FILE": "/home/u/.terraformrc", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    (_, _), (argv, _) = launch.plan_workers(spec, environ=environ, port=lambda: 4001)
+    assert argv[:3] == ["ssh", "-o", "BatchMode=yes"] and argv[3] == "b"
+    assert "TF_CPP_MIN_LOG_LEVEL=1" in argv[4] and "TF_CLI_CONFIG_FILE=" not in argv[4]
+    out = subprocess.run(["sh", "-c", argv[4]], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [sys.executable, "None"]
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -167,7 +185,7 @@ def test_ssh_options_reach_every_launcher(tmp_path):
 
 def test_tuning_flags_become_horovod_variables_for_every_rank():
     proc = toolkit("launch", "-np", "2", "--launcher", "mpirun", "--fusion-threshold-mb", "32", "--cycle-time-ms",
-                   "2.5", "--autotune", "--timeline-filename", "t.json", "--dry-run", "--", "true")
+                   "2.5", "--autotune", "--timeline-file", "t.json", "--dry-run", "--", "true")
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout
     assert f"HOROVOD_FUSION_THRESHOLD={32 * 1024 * 1024}" in line and "HOROVOD_CYCLE_TIME=2.5" in line

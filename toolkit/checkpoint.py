@@ -117,6 +117,17 @@ def verify(path: Path) -> dict:
     return meta
 
 
+def refuse_reuse(directory: str | os.PathLike) -> None:
+    """A run that does not resume must not write over an earlier run's checkpoints (its own, or a
+    parameter server's `server-<i>/` folders): a one-line error naming --resume and a fresh folder."""
+    root = Path(directory)
+    found = all_checkpoints(root) + [p for d in sorted(root.glob("server-*")) for p in all_checkpoints(d)]
+    if found:
+        raise ToolkitError(f"checkpoint_dir {directory} already holds an earlier run's checkpoints "
+                           f"({found[-1].relative_to(root)}); pass --resume to continue that run, or start "
+                           f"fresh in a new folder (e.g. --checkpoint-dir {root.name}-2) or after deleting it")
+
+
 def latest(directory: str | os.PathLike) -> tuple[Path, dict]:
     if Path(directory).is_dir():
         _recover(Path(directory))

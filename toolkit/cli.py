@@ -10,9 +10,24 @@ from toolkit.errors import ToolkitError
 COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench)
 
 
+EXAMPLES = """\
+examples:
+  toolkit setup                                        # the environment: Open MPI, .venv, frameworks, Horovod
+  toolkit doctor --framework all                       # what works here, and the fix for what does not
+  toolkit train --framework torch --epochs 5           # one process (the same as python examples/train.py)
+  toolkit launch -np 2 --gloo -- toolkit train --framework tensorflow
+  toolkit launch -np 2 --dry-run -- python examples/train.py --config examples/cfg.yaml
+  toolkit config show --config examples/cfg.yaml       # every key, resolved
+  toolkit bench --np 1,2 --framework torch             # samples/s per worker and scaling efficiency
+
+`toolkit COMMAND --help` lists each command's flags; every config key is also a flag of train,
+bench and config show (accumulation_steps -> --accumulation-steps) and a TOOLKIT_<KEY> variable."""
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="toolkit", description="Horovod that works today: "
-                                "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.")
+                                "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)

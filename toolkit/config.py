@@ -123,7 +123,9 @@ class Config:
                                            "unset = 0.01")
     error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk: add what was not sent to the next "
                                               "step's gradient; unset = true")
-    sync: Sync = _f(Sync.EVERY_STEP, "every_step, or local_sgd (local_steps local steps, then average the models)")
+    sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
+                                     "steps, then the models averaged), or a parameter server: async_ps (no "
+                                     "waiting) or ssp (no worker more than `staleness` steps ahead)")
     local_steps: Optional[int] = _f(None, "sync local_sgd: optimizer steps between model averages (H); unset = 4")
     sync_warmup_steps: int = _f(0, "sync local_sgd: first steps fully synchronous (post-local SGD)")
     staleness: Optional[int] = _f(None, "sync ssp: the most steps a worker may run ahead of the slowest; unset = 4")
@@ -359,8 +361,31 @@ class Config:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_yaml(self) -> str:
+        """The config as YAML in the README's form: the elastic keys as one `elastic:` block, and an
+        unset key whose value depends on others (`staleness`, `topk_ratio`, ...) commented with it.
+        `--config` reads it back to the same Config."""
+        import re
+
         import yaml
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        values, grouped = self.to_dict(), {}
+        for name, value in values.items():
+            group = next((g for g in GROUPS if name.startswith(f"{g}_") and name[len(g) + 1:] in GROUPS[g]), None)
+            if group:
+                grouped.setdefault(group, {})[name[len(group) + 1:]] = value
+            else:
+                grouped[name] = value
+        unset = {f.name: m.group(1).strip() for f in dataclasses.fields(self)
+                 if (m := re.search(r"unset = ((?:[^;()]|\([^)]*\))+)", f.metadata["help"]))}
+        lines = []
+        for line in yaml.safe_dump(grouped, sort_keys=False).splitlines():
+            key = line.strip().split(":", 1)[0]
+            name = key if not line.startswith(" ") else f"{lines_group}_{key}"
+            if not line.startswith(" "):
+                lines_group = key
+            if line.endswith(": null") and name in unset:
+                line += f"  # unset: {unset[name]}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "Config":
@@ -538,6 +563,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         if isinstance(kind, type) and issubclass(kind, enum.Enum):
             help_text += " {" + ",".join(m.value for m in kind) + "}"
+        elif "choices" in f.metadata:
+            help_text += " {" + ",".join(f.metadata["choices"]()) + "}"
         group.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=argparse.SUPPRESS,
                            help=help_text)
 

@@ -186,7 +186,7 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
     folder = cache_dir() / key
     cached = sorted(folder.glob("horovod-*.whl"))
     if not force and installed_key() == key:
-        say(f"horovod: already installed ({key})")
+        say(f"horovod: already installed, the build cached in {cached[0] if cached else folder}")
         return cached[0] if cached else folder
     if cached and not force:
         say(f"horovod: installing cached wheel {cached[0]}")

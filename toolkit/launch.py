@@ -26,8 +26,11 @@ LAUNCHERS = ("horovodrun", "mpirun", "tf_config")
 TF_CONFIG_BASE_PORT = 23456     # worker s on a remote host listens on base + s (local workers: free ports)
 CONTROLLERS = ("gloo", "mpi")
 # Variables every rank needs to see the same Python environment and the toolkit's settings.
-_PASS_PREFIXES = ("TOOLKIT_", "HOROVOD_", "NCCL_", "OMP_", "TF_", "MXNET_")
-_PASS_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+# TensorFlow's own by name: a bare `TF_` prefix also caught other tools' (Terraform's TF_CLI_CONFIG_FILE).
+_PASS_PREFIXES = ("TOOLKIT_", "HOROVOD_", "NCCL_", "OMP_", "MXNET_", "TF_CPP_", "TF_XLA_", "TF_GPU_", "TF_FORCE_",
+                  "TF_NUM_", "TF_ENABLE_")
+_PASS_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED", "TF_USE_LEGACY_KERAS",
+               "TF_DETERMINISTIC_OPS", "TF_CONFIG")
 
 
 @dataclass(frozen=True)
@@ -258,8 +261,11 @@ def plan_workers(spec: LaunchSpec, environ: Mapping[str, str] | None = None,
                                                "task": {"type": "worker", "index": index}}))
         argv = list(spec.extra) + list(spec.command)
         if not _is_local(host):   # the same environment on the other host, through ssh
+            # PATH: this virtualenv's bin/ first, then the remote host's own PATH (expanded there),
+            # so a bare `python` is the venv's, as on this host.
             names = [k for k in _passed_names(env) if k != "PATH"] + ["TF_CONFIG"]
-            line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env"] +
+            remote_path = f'PATH={shlex.quote(os.path.dirname(sys.executable))}:"$PATH"'
+            line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env", remote_path] +
                             [f"{k}={shlex.quote(env[k])}" for k in sorted(set(names))] +
                             [shlex.quote(a) for a in argv])
             argv = ["ssh", "-o", "BatchMode=yes", *spec.ssh_options(), host, line]
@@ -273,14 +279,21 @@ def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[st
     return " ".join(changed + [shlex.quote(a) for a in argv])
 
 
+def command_line(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """What `run` starts (and `--dry-run` prints): `plan`'s horovodrun as `python -m toolkit.horovodrun`
+    when Horovod is installed here (the same horovodrun, started about 3 s sooner)."""
+    argv, env = plan(spec, environ)
+    if argv[0] == "horovodrun" and importlib.util.find_spec("horovod") is not None:
+        argv = [sys.executable, "-m", "toolkit.horovodrun", *argv[1:]]
+    return argv, env
+
+
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
     if spec.launcher == "tf_config":
         return _run_workers(plan_workers(spec, environ), timeout)
-    argv, env = plan(spec, environ)
-    if argv[0] == "horovodrun" and importlib.util.find_spec("horovod") is not None:
-        argv = [sys.executable, "-m", "toolkit.horovodrun", *argv[1:]]    # the same, started sooner
-    elif shutil.which(argv[0], path=env.get("PATH")) is None:
+    argv, env = command_line(spec, environ)
+    if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
     from toolkit.launch_output import Relay

@@ -275,6 +275,8 @@ def run(config: Config) -> dict:
 
     world = _world()
     size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
+    if config.checkpoint_dir and not config.resume:
+        checkpoint.refuse_reuse(config.checkpoint_dir)      # every rank, before any message
     if size <= servers:
         raise ToolkitError(f"ps_servers={servers} but the job has {size} rank(s): at least one worker is needed; "
                            f"launch {servers + 1} or more ranks (mpirun -np {servers + 1}) or lower ps_servers")
@@ -331,13 +333,17 @@ def run(config: Config) -> dict:
         if w == 0:      # this worker's view (the others are at most `staleness` steps apart)
             test_loss, correct, count = adapter.evaluate(data.x_test, data.y_test)
             _log(w, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss / count:.4f}  "
-                    f"accuracy {correct / count:.4f}  (worker 0's model)", config.quiet)
+                    f"accuracy {correct / count:.4f}  (worker 0: its own loss and its copy of the model)",
+                 config.quiet)
     client.done(clock)
     adapter.set_weights(client.pull())          # the servers' final parameters
     seconds = time.perf_counter() - t0
     stats = summarize(client.stats()) if w == 0 else {}
     loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]), name="toolkit.ps_loss")[0])
     _, accuracy = _evaluate(adapter, test_x, test_y)
+    # what the JSON summary says, unlike the epoch lines: every worker's, on the servers' final model
+    _log(w, f"final  loss {loss:.4f} (every worker's last epoch)  accuracy {accuracy:.4f} (the servers' final "
+            f"model, every worker's share of the test set)", config.quiet)
     digests = check_replicas(adapter)
     trained = [int(n) for n in adapter.allgather_object(clock, name="toolkit.steps_trained")]
     if config.log_dir:      # each worker's step log: when it pushed each gradient and got the reply

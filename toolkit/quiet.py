@@ -15,21 +15,22 @@ import re
 import signal
 
 # absl's INFO lines ("I1123 08:41:22.164884    9163 port.cc:153] ..."), its notice that it is not
-# initialised, and the second line of cpu_feature_guard's message.
+# initialised, and the lines that continue an INFO message (cpu_feature_guard's second line, the
+# task names after the coordination service's "Example stragglers:").
 NOISE = re.compile(rb"^(I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] |"
-                   rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
-                   rb"To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags)")
+                   rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR)")
+CONTINUATION = re.compile(rb"^(To enable the following instructions: .*|/job:\S+)$")
 
 
-def is_noise(line: bytes) -> bool:
-    return bool(NOISE.match(line))
+def is_noise(line: bytes, after_noise: bool = False) -> bool:
+    return bool(NOISE.match(line) or (after_noise and CONTINUATION.match(line)))
 
 
 def _relay(read_fd: int) -> None:
     """The relay process: lines from the pipe to the real stderr (fd 2), minus the noise."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # it ends when the writers are gone, not before
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    pending = b""
+    pending, after_noise = b"", False
     while True:
         try:
             chunk = os.read(read_fd, 65536)
@@ -39,10 +40,14 @@ def _relay(read_fd: int) -> None:
             break
         pending += chunk
         *lines, pending = pending.split(b"\n")
-        keep = b"".join(line + b"\n" for line in lines if not is_noise(line))
+        keep = []
+        for line in lines:
+            after_noise = is_noise(line, after_noise)
+            if not after_noise:
+                keep.append(line + b"\n")
         if keep:
-            os.write(2, keep)
-    if pending and not is_noise(pending):
+            os.write(2, b"".join(keep))
+    if pending and not is_noise(pending, after_noise):
         os.write(2, pending)
 
 

@@ -44,13 +44,19 @@ def _progress_bar(config: Config, rank: int, epoch: int, steps: int, done: int):
 def _restore(adapter, comm: Communication, config: Config, rank: int, collective: bool = True) -> dict:
     """Rank 0 verifies and loads the latest checkpoint; every rank learns the outcome, so a bad
     checkpoint stops all ranks with the same message instead of leaving them in a collective.
-    Every rank takes its own error-feedback residual from what rank 0 read.
+    Every rank takes its own error-feedback residual from what rank 0 read. Without `resume`,
+    rank 0 only checks that checkpoint_dir holds no earlier run (nothing is overwritten).
 
     Elastic training (`collective=False`) runs no collective before hvd.elastic.run: rank 0 loads
     alone and the elastic state's sync hands its model and progress to the others."""
+    if not config.checkpoint_dir:
+        return {}
     outcome = {}
     if rank == 0:
         try:
+            if not config.resume:
+                checkpoint.refuse_reuse(config.checkpoint_dir)
+                raise _Fresh
             path, meta = checkpoint.latest(config.checkpoint_dir)
             try:
                 adapter.load(path)
@@ -60,10 +66,14 @@ def _restore(adapter, comm: Communication, config: Config, rank: int, collective
                                    f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
                                    f"folder to resume from the one before") from None
             outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
+        except _Fresh:
+            outcome = {"fresh": True}
         except ToolkitError as e:
             if not collective:
                 raise
             outcome = {"error": str(e)}
+    if not collective and not config.resume:
+        return {}
     if not collective:
         if rank == 0:
             _log(rank, f"resumed from {outcome['path']} (step {outcome['meta']['step']})")
@@ -71,11 +81,17 @@ def _restore(adapter, comm: Communication, config: Config, rank: int, collective
     outcome = adapter.broadcast_object(outcome, name="toolkit.resume")
     if "error" in outcome:
         raise ToolkitError(outcome["error"])
+    if "fresh" in outcome:
+        return {}
     _log(rank, f"resumed from {outcome['path']} (step {outcome['meta']['step']})")
     note = comm.load(outcome["communication"])
     if note:
         _log(rank, f"warning: {note}")
     return outcome["meta"]
+
+
+class _Fresh(Exception):
+    """Rank 0 found checkpoint_dir free for a new run."""
 
 
 def _replica_digests(adapter, name: str) -> list[str]:
@@ -127,7 +143,7 @@ def run(config: Config) -> dict:
                        else _replica_digests(adapter, "toolkit.initial_digest"))
     adapter.wrap(config)
     comm = Communication(config, adapter, rank, topo.world_size)
-    meta = _restore(adapter, comm, config, rank, collective=not config.elastic) if config.resume else {}
+    meta = _restore(adapter, comm, config, rank, collective=not config.elastic)
     if not config.elastic:
         adapter.broadcast()
 

@@ -27,7 +27,8 @@ def register(sub) -> None:
     tune.add_argument("--fusion-threshold-mb", type=float, default=None, help="tensor fusion buffer, MiB (0: off)")
     tune.add_argument("--cycle-time-ms", type=float, default=None, help="background cycle time, ms")
     tune.add_argument("--autotune", action="store_true", help="Horovod's autotuner (HOROVOD_AUTOTUNE=1)")
-    tune.add_argument("--timeline-filename", default=None, help="Horovod timeline file (rank 0 writes it)")
+    tune.add_argument("--timeline-file", "--timeline-filename", dest="timeline_file", default=None,
+                      help="Horovod timeline file (rank 0 writes it); the same as the config key timeline_file")
     el = p.add_argument_group("elastic (Horovod elastic over Gloo; also the `elastic:` block of the command's --config)")
     el.add_argument("--min-np", type=int, default=None, help="fewest workers the job goes on with")
     el.add_argument("--max-np", type=int, default=None, help="most workers")
@@ -62,7 +63,7 @@ def run(args) -> int:
             args.backend not in registry.spec(args.framework).backends:
         raise ToolkitError(f"--backend {args.backend} is not available for --framework {args.framework}; "
                            f"use one of: {', '.join(registry.spec(args.framework).backends)}")
-    env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_filename)
+    env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_file)
     hosts = launch.read_hostfile(args.hostfile) if args.hostfile else args.hosts
     elastic = _elastic_settings(args, command)
     for key, value in elastic.items():     # the ranks learn they run elastically, from flags too
@@ -82,7 +83,7 @@ def run(args) -> int:
             sys.stdout.write(yaml.safe_dump(recipes.mpijob(spec, args.image, args.timeout, args.gpus), sort_keys=False))
         return 0
     if args.dry_run:
-        plans = launch.plan_workers(spec) if launcher == "tf_config" else [launch.plan(spec)]
+        plans = launch.plan_workers(spec) if launcher == "tf_config" else [launch.command_line(spec)]
         for argv, env in plans:
             print(launch.format_command(argv, env, os.environ))
         return 0
