@@ -1,4 +1,7 @@
-"""One module per framework (`torch.py`, ...), each implementing `adapters.base.Adapter`.
+"""`toolkit.adapters`: one package per framework (`torch/`, `tensorflow/`, `mxnet/`), each with a
+session implementing `base.Session` (the public API) and its built-in models.
 
-Imported only through `toolkit.registry`, when its framework is chosen.
+The folder sits at the top of the checkout; it installs as `toolkit.adapters` (pyproject's
+package-dir), so it never shadows, nor is shadowed by, another package called `adapters`. Imported
+only through `toolkit.registry`, when its framework is chosen.
 """

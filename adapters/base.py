@@ -1,19 +1,35 @@
-"""The one protocol every framework adapter implements, with the same method names everywhere.
+"""The session: the toolkit's public API, the same verbs in every framework.
 
-The framework-neutral training loop (`toolkit.trainer`) drives an adapter through these methods
-only; toolkit algorithms use the tensor operations at the bottom, on numpy arrays.
+    session = toolkit.start("cfg.yaml", framework="torch")    # hvd.init, device, threads, seeds
+    model, optimizer = session.setup(model, optimizer)       # to the device, broadcast, wrapped
+    loader = session.loader(dataset)                          # this rank's share, position as state
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            session.backward(loss_fn(model(x), y))            # (TensorFlow: session.backward(loss, tape))
+            session.step()                                    # every accumulation_steps-th call
+        session.save(checkpoint_dir, epoch=epoch)
+
+Everything written once is here: the checkpoints of the session's objects (toolkit.checkpoint's
+atomic, hashed folders), the loaders' positions, metrics averaged over ranks, the replica check,
+and the communication methods (toolkit.communication), which reach a user's model through
+`step()`. A framework's session (adapters/<framework>/session.py) adds the tensor work: moving
+and broadcasting the model, the backward pass, the optimizer step, reading and writing gradients
+for the toolkit's own exchange, and its files in a checkpoint. Where a framework cannot do
+something the config asks, its session says so in one line when it starts.
 """
 from __future__ import annotations
 
 import abc
-import importlib
-import os
+import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from toolkit import checkpoint, schedule
+from toolkit.data import Sampler, is_arrays
 from toolkit.errors import ToolkitError
-from toolkit.launch import tuning_env
 
 
 @dataclass(frozen=True)
@@ -31,137 +47,485 @@ class Topology:
         return self.size * self.replicas
 
 
-def import_horovod(module: str, framework: str):
-    """`import horovod.<fw>`, turning a missing or partial Horovod build into a one-line fix."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        if "has not been built" in text or "mpi_lib" in text:
-            raise ToolkitError(f"Horovod was built without {framework} support ({text}); rebuild it "
-                               f"with `toolkit build-horovod --frameworks {framework}` (or `make setup`)") from None
-        if getattr(e, "name", None) == "horovod":
-            raise ToolkitError("Horovod is not installed in this Python; run `make setup` "
-                               "(or `toolkit build-horovod`)") from None
-        raise ToolkitError(f"cannot import {module}: {text}; run `toolkit doctor` for the fix") from None
+def digest(arrays) -> str:
+    """sha256 of the parameters' bytes: equal on two ranks only if every bit is equal."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
 
 
-# Horovod's fusion buffer when training on CPUs and nobody chose one: Horovod's 128 MiB copies every
-# gradient into the buffer and back; on CPU cores that copying costs more than the one fused
-# operation saves once tensors are a few MiB (docs/BENCHMARKS.md, "fusion": torch, 10.5M-parameter
-# MLP, 2 ranks: 128 -> 4 MiB was ~1.4x the throughput over Gloo and 1.0-1.1x over MPI).
-CPU_FUSION_THRESHOLD_MB = 4
+class Loader:
+    """A session's loader: this process's micro-batches of a dataset, on the session's device.
+
+    Iterating gives micro-batches `(x, y)`; `steps()` gives them grouped by optimizer step (the
+    built-in trainer's use). Which samples: `toolkit.data.Sampler` (one permutation per epoch,
+    strided by replica; its position is saved with the session's checkpoints)."""
+
+    def __init__(self, session, data, sampler: Sampler, batches):
+        self.session, self.data, self.sampler, self._batches = session, data, sampler, batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def __len__(self) -> int:
+        """Micro-batches in a whole epoch."""
+        return self.sampler.steps_per_epoch * (self.sampler.k if self.sampler.train else 1)
+
+    def steps(self):
+        """The epoch's remaining optimizer steps, each a list of `accumulation_steps` micro-batches;
+        the position moves on as each step is handed out."""
+        plan = self.sampler.remaining()
+        batches = self._batches(self.data, [idx for micro in plan for idx in micro], self.sampler)
+        for micro in plan:
+            step = [next(batches) for _ in micro]
+            self.sampler.advance()
+            yield step
+
+    def __iter__(self):
+        for batches in self.steps():
+            yield from batches
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
 
 
-def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
-    """Fusion threshold, cycle time, timeline and stall check from the config, set before
-    `hvd.init()` reads them (Horovod's own environment variables, written by the same
-    `toolkit.launch.tuning_env` as `toolkit launch`'s flags, so both agree).
-    `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
-    fusion_mb = config.fusion_threshold_mb
-    if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
-        fusion_mb = default_fusion_mb
-    if config.timeline_file:        # Horovod does not create the timeline's folder
-        Path(config.timeline_file).resolve().parent.mkdir(parents=True, exist_ok=True)
-    os.environ.update(item.split("=", 1) for item in
-                      tuning_env(fusion_mb, config.cycle_time_ms, timeline=config.timeline_file))
-    if config.stall_check_seconds == 0:
-        os.environ["HOROVOD_STALL_CHECK_DISABLE"] = "1"
-    elif config.stall_check_seconds is not None:
-        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(int(config.stall_check_seconds))
+class Session(abc.ABC):
+    name: str                       # the framework
+    path: str = ""                  # how it trains, in a few words (the JSON summary's "path")
 
+    def __init__(self, config):
+        self.config = config
+        self.model = self.optimizer = self.loss_fn = None
+        self.topology: Topology | None = None
+        self.loaders: list[Loader] = []
+        self.micro = 0              # micro-batches since the last optimizer step (accumulation)
+        self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
+        self.communication = None    # toolkit.communication.Communication, made by setup()
+        self.local_digests: list[str] = []
+        self._metrics = None
 
-def launcher_local_size() -> int:
-    """Ranks on this host, from the launcher's environment (for settings made before hvd.init)."""
-    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
+    # -- start --------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, config, comm=None) -> "Session":
+        """hvd.init (on the mpi4py communicator `comm` when given), device per local rank, threads,
+        seeds (`seed + rank`: every rank's model starts different until setup() broadcasts it;
+        setup() then seeds `seed` on every rank)."""
+        session = cls(config)
+        session.topology = session._start(comm)
+        session._seed(config.seed + session.rank * session.replicas)
+        return session
 
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
 
-def threads_per_rank(local_size: int | None = None) -> int:
-    """This host's cores shared between its ranks (known before hvd.init, as MXNet and TF need)."""
-    return max(1, (os.cpu_count() or 1) // (local_size or launcher_local_size()))
+    @property
+    def size(self) -> int:
+        return self.topology.size
 
+    @property
+    def local_rank(self) -> int:
+        return self.topology.local_rank
 
-def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None, comm=None):
-    """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every adapter's start.
-    `comm`: an mpi4py communicator Horovod runs on instead of every rank (e.g. the parameter-server
-    job's workers, toolkit/ps.py, or a program that already uses MPI)."""
-    apply_horovod_tuning(config, default_fusion_mb)
-    hvd = import_horovod(module, framework)
-    hvd.init(comm=comm) if comm is not None else hvd.init()
-    check_op(hvd, config)
-    return hvd
+    @property
+    def local_size(self) -> int:
+        return self.topology.local_size
 
+    @property
+    def device(self) -> str:
+        return self.topology.device
 
-def check_op(hvd, config) -> None:
-    """What Horovod's Adasum needs, checked after hvd.init() instead of failing inside a step."""
-    if config.op.value != "adasum":
-        return
-    if not hvd.mpi_enabled():
-        raise ToolkitError("op=adasum needs Horovod's MPI controller (Horovod has no Adasum over Gloo); "
-                           "launch with `horovodrun --mpi` or mpirun, or use op: average")
-    if hvd.size() & (hvd.size() - 1):
-        raise ToolkitError(f"op=adasum needs a power-of-2 number of ranks, got {hvd.size()}; "
-                           "change -np or use op: average")
+    @property
+    def replicas(self) -> int:
+        return self.topology.replicas
 
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
 
-def require_gpu_if_asked(has_gpu: bool) -> None:
-    """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
-    if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
-        raise ToolkitError("TOOLKIT_REQUIRE_GPU=1 but the framework sees no GPU; unset it to run on CPU")
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
+    def refresh_topology(self) -> None:
+        """Horovod elastic renumbers the ranks after workers leave or join: read them again."""
+        import dataclasses
+        hvd = self.hvd
+        self.topology = dataclasses.replace(self.topology, rank=hvd.rank(), size=hvd.size(),
+                                            local_rank=hvd.local_rank(), local_size=hvd.local_size())
+        if self.communication is not None:
+            self.communication.rank, self.communication.world = self.rank, self.world_size
 
-class Adapter(abc.ABC):
-    name: str
-    path: str = ""       # how this adapter trains, in a few words (the JSON summary's "path")
+    def scope(self):
+        """Where a model must be created (TensorFlow's strategy scope under backend native);
+        elsewhere it does nothing: `with session.scope(): model = build()` works everywhere."""
+        import contextlib
+        return contextlib.nullcontext()
 
-    # -- lifecycle, called in this order by toolkit.trainer ------------------------------------
     @abc.abstractmethod
-    def init(self, config, comm=None) -> Topology:
-        """hvd.init (on the mpi4py communicator `comm` when given), threads and device per local rank."""
+    def builtin_model(self, num_features: int, num_classes: int):
+        """The config's built-in model (mlp, linear) in this framework (adapters/<framework>/models.py)."""
+
+    # -- the user's objects ---------------------------------------------------------------------------
+    def setup(self, model, optimizer=None, loss=None):
+        """The model on this rank's device and the optimizer wrapped as the config says (Horovod's
+        distributed optimizer with compression, accumulation and op, or the toolkit's exchange);
+        then rank 0's parameters, buffers and optimizer state on every rank. `optimizer=None`
+        makes the config's (sgd/adam, lr, momentum, weight_decay); `loss=None` is cross-entropy on
+        logits. Returns (model, optimizer): use these from now on."""
+        from toolkit.communication import Communication
+
+        if self.model is not None:
+            raise ToolkitError("session.setup() was called twice; one session trains one model "
+                               "(start another process for another)")
+        self.model = self._place(model)
+        self.optimizer = optimizer if optimizer is not None else self._make_optimizer(self.model)
+        self.loss_fn = loss if loss is not None else self._cross_entropy
+        self.local_digests = [digest(p) for p in self.replica_parameters()]
+        self._wrap()
+        self.communication = Communication(self.config, self, self.rank, self.world_size)
+        if not self.config.elastic:     # elastic: the State's sync broadcasts, inside hvd.elastic.run
+            self.broadcast()
+        # From here on the same random stream on every rank: the model is equal now, and what is
+        # drawn later must agree across ranks (TensorFlow's tf.data shuffle mixes in the global seed).
+        self._seed(self.config.seed)
+        return self.model, self.optimizer
+
+    def loader(self, data, batch_size: int | None = None, shuffle: bool = True, train: bool = True) -> Loader:
+        """This rank's share of `data` (numpy `(x, y)` arrays or the framework's dataset), in
+        micro-batches of `batch_size` (default: the config's) on this rank's device. `train=False`:
+        in order, every sample once across the ranks, nothing dropped (evaluation)."""
+        sampler = Sampler(self._length(data), batch_size or self.config.batch_size,
+                          self.config.accumulation_steps if train else 1, self.world_size, self._my_replicas(),
+                          self.config.seed, train=train, shuffle=shuffle)
+        loader = Loader(self, data, sampler, self._batches)
+        if train:
+            self.loaders.append(loader)
+        return loader
+
+    def _my_replicas(self) -> range:
+        return range(self.rank * self.replicas, (self.rank + 1) * self.replicas)
+
+    # -- the step -------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """After each micro-batch's backward(): every `accumulation_steps`-th call reduces the
+        gradients (Horovod's allreduce, or the toolkit's compression / local SGD) and applies them.
+        Returns whether this call stepped."""
+        if self.micro == 0:
+            raise ToolkitError("session.step() without a session.backward(loss) before it")
+        if self.micro < self.config.accumulation_steps:
+            return False
+        self.communication.finish_step(self.global_step)
+        self.micro = 0
+        self.global_step += 1
+        return True
+
+    def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
+        """One optimizer step on `accumulation_steps` micro-batches `(x, y)` with the setup model
+        and loss: the local mean loss (a host value; the built-in trainer's step)."""
+        loss = self.communication.step(batches, self.global_step)
+        self.global_step += 1
+        return loss
+
+    def to_float(self, value) -> float:
+        """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
+        return float(value)
+
+    def lr(self, step: int, steps_per_epoch: int) -> float:
+        """The config's learning rate at optimizer `step`: scaled by world size, linear warm-up."""
+        return schedule.lr_at(self.config, self.world_size, step, steps_per_epoch)
+
+    # -- measuring --------------------------------------------------------------------------------------
+    def evaluate(self, loader: Loader) -> tuple[float, float | None]:
+        """(mean loss, accuracy) of the setup model over every rank's share of `loader`'s data (a
+        collective). Accuracy: argmax of 2-D outputs against integer labels, else None."""
+        import numpy as np
+        self.sync_buffers()
+        self._train_mode(False)
+        totals = np.zeros(4, np.float64)          # loss sum, correct, count, batches without accuracy
+        for batches in loader.steps():
+            for x, y in batches:
+                totals += self._evaluate_batch(x, y)
+        self._train_mode(True)
+        loss_sum, correct, count, no_accuracy = self.allreduce(totals, average=False, name="toolkit.evaluate")
+        if not count:
+            return float("nan"), None
+        return loss_sum / count, (None if no_accuracy else correct / count)
+
+    def sync_buffers(self) -> None:
+        """Statistics the model keeps outside its parameters (BatchNorm's running mean and variance)
+        drift apart on ranks that saw different batches: averaged over the ranks (a collective,
+        also run by evaluate(), save() and check_replicas(), so replicas end identical)."""
+        import numpy as np
+        buffers = self._buffers()
+        if not buffers or self.size == 1:
+            return
+        from toolkit.compression import flatten, unflatten
+        arrays = [np.asarray(b, np.float64) for b in buffers]
+        flat = self.allreduce(flatten(arrays), average=True, name="toolkit.buffers")
+        self._set_buffers(unflatten(flat, arrays))
+
+    def _buffers(self) -> list:
+        """The model's floating-point state that is not trained (numpy); [] if none."""
+        return []
+
+    def _set_buffers(self, arrays) -> None:
+        pass
+
+    def _train_mode(self, training: bool) -> None:
+        """Put the setup model in training or inference mode (dropout, BatchNorm)."""
+
+    def mean(self, value: float, name: str) -> float:
+        """`value` averaged over the ranks (a collective: every rank calls it with the same name)."""
+        import numpy as np
+        return float(self.allreduce(np.array([value], np.float64), name=name)[0])
+
+    def replica_digests(self, name: str = "toolkit.final_digest") -> list[str]:
+        """Every replica's parameter digest, in replica order, on every rank (a collective)."""
+        mine = [digest(p) for p in self.replica_parameters()]
+        return [d for per_rank in self.allgather_object(mine, name=name) for d in per_rank]
+
+    def check_replicas(self) -> list[str]:
+        """Every replica's final digest (a collective); a mismatch stops the job (exit 1) on every rank."""
+        self.sync_buffers()
+        digests = self.replica_digests("toolkit.final_digest")
+        if len(set(digests)) != 1:
+            raise ToolkitError("replica check failed: replicas ended with different parameters "
+                               f"(digests by replica: {digests}); this is a bug, please report it", code=1)
+        return digests
+
+    def log(self, step: int, values: dict) -> None:
+        """Rank 0: one line of metrics to metrics.jsonl, TensorBoard and W&B (as the config says)."""
+        if not self.is_main or not (self.config.log_dir or self.config.wandb_project):
+            return
+        if self._metrics is None:
+            from toolkit.metrics import MetricsLog
+            self._metrics = MetricsLog(self.config)
+        self._metrics.write(step, values)
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save(self, directory: str | None = None, **progress) -> Path | None:
+        """A checkpoint of the setup model and optimizer, the loaders' positions, the exchange's
+        residuals and `progress` (JSON values, e.g. epoch=3), as `ckpt-<step>/` in `directory`
+        (default: checkpoint_dir): written by rank 0 atomically with a sha256 of every file; the
+        last keep_checkpoints are kept. A collective: every rank calls it."""
+        directory = directory or self.config.checkpoint_dir
+        if not directory:
+            raise ToolkitError("session.save(): no folder; pass one or set checkpoint_dir")
+        if self.micro:
+            raise ToolkitError("session.save() between the micro-batches of one step; save after session.step() "
+                               "has stepped")
+        self.sync_buffers()
+        comm_state = self.communication.gather_state()       # a collective: every rank takes part
+        if not self.is_main:
+            return None
+        meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
+        return checkpoint.save(directory, self.global_step, meta,
+                               lambda folder: (self._save_objects(folder), self.communication.write(folder, comm_state)),
+                               keep=self.config.keep_checkpoints)
+
+    def load(self, directory: str | None = None, collective: bool = True) -> dict:
+        """The newest checkpoint in `directory` (default: checkpoint_dir): rank 0 verifies and loads
+        it, then every rank gets its model, optimizer state, loader positions and exchange state;
+        returns the saved progress (`step`, and what save() was given). A bad checkpoint stops every
+        rank with the same one line. Elastic training (`collective=False`) runs no collective
+        before hvd.elastic.run: rank 0 loads alone and the elastic state's sync shares it."""
+        directory = directory or self.config.checkpoint_dir
+        outcome = {}
+        if self.is_main:
+            try:
+                path, meta = checkpoint.latest(directory)
+                try:
+                    self._load_objects(path)
+                    saved_comm = self.communication.read(path)
+                except Exception as e:  # the framework's own reader failed: name the file, not a traceback
+                    raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
+                                       f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
+                                       f"folder to resume from the one before") from None
+                outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
+            except ToolkitError as e:
+                if not collective:
+                    raise
+                outcome = {"error": str(e)}
+        if collective:
+            outcome = self.broadcast_object(outcome, name="toolkit.resume")
+            if "error" in outcome:
+                raise ToolkitError(outcome["error"])
+            self.broadcast()
+            note = self.communication.load(outcome["communication"])
+            if note:
+                self._say(f"warning: {note}")
+        elif not self.is_main:
+            return {}
+        meta = outcome["meta"]
+        for loader, state in zip(self.loaders, meta.get("loaders", [])):
+            loader.load_state_dict(state)
+        self.global_step = int(meta["step"])
+        self._say(f"resumed from {outcome['path']} (step {meta['step']})")
+        return meta
+
+    def _say(self, message: str) -> None:
+        if self.is_main and not self.config.quiet:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    # -- object collectives, the same for every framework's Horovod module (self.hvd) -------------------
+    # Horovod names them after type(obj) unless told: ranks passing objects of different types
+    # (rank 0 a payload, the others None) would wait forever. So a name is required.
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
+
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root, name=name)
+
+    # -- what each framework's session provides ----------------------------------------------------------
+    @abc.abstractmethod
+    def _start(self, comm=None) -> Topology:
+        """hvd.init (or the framework's own), threads and the device of this local rank."""
 
     @abc.abstractmethod
-    def build(self, config, num_features: int, num_classes: int) -> None:
-        """Model and optimizer, initial weights seeded with config.seed + rank (different on purpose)."""
+    def _seed(self, seed: int) -> None: ...
 
     @abc.abstractmethod
-    def wrap(self, config) -> None:
-        """Distributed optimizer with the configured compression, accumulation and op."""
+    def _place(self, model):
+        """The model on this rank's device (built under the strategy's scope where there is one)."""
+
+    @abc.abstractmethod
+    def _make_optimizer(self, model):
+        """The config's optimizer for `model` (sgd with momentum, or adam; lr; weight_decay)."""
+
+    @abc.abstractmethod
+    def _cross_entropy(self, logits, labels):
+        """The default loss: mean cross-entropy of integer labels on logits."""
+
+    @abc.abstractmethod
+    def _wrap(self) -> None:
+        """The optimizer wrapped for the config's communication (or left local for the toolkit's)."""
 
     @abc.abstractmethod
     def broadcast(self, root: int = 0) -> None:
-        """Model and optimizer state from rank `root` to every rank."""
+        """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
 
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None: ...
 
+    dataset_kind = "the framework's dataset"       # said when a loader gets something else
+
+    def _length(self, data) -> int:
+        """Samples in `data` (numpy (x, y) or the framework's dataset); a one-line error for anything else."""
+        n = len(data[0]) if is_arrays(data) else self._dataset_length(data)
+        if n is None:
+            raise ToolkitError(f"session.loader(data): expected numpy arrays (x, y) of equal length or "
+                               f"{self.dataset_kind}, got {type(data).__name__}")
+        return n
+
+    def _batches(self, data, plan, sampler):
+        """An iterator of the batches (x, y) on this rank's device made of `data`'s samples at each
+        index array of `plan`, in order: numpy arrays indexed here, the framework's dataset read by
+        its own reader (a stream such as tf.data follows `sampler`'s epoch, position and shard)."""
+        if not is_arrays(data):
+            return self._dataset_batches(data, plan, sampler)
+        x, y = data
+        return ((self._tensor(x[idx]), self._tensor(y[idx])) for idx in plan)
+
     @abc.abstractmethod
-    def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
-        """One optimizer step over `accumulation_steps` micro-batches of numpy (x, y); local mean loss.
-
-        With several replicas per process, each micro-batch holds the replicas' batches one after
-        the other (replica order), to be split evenly."""
+    def _dataset_length(self, data) -> int | None:
+        """Samples in the framework's dataset `data`, None if `data` is not one."""
 
     @abc.abstractmethod
-    def evaluate(self, x, y) -> tuple[float, int, int]:
-        """(sum of losses, correct, count) on this rank's numpy arrays."""
+    def _dataset_batches(self, data, plan, sampler): ...
 
     @abc.abstractmethod
-    def save(self, folder: Path) -> None:
-        """Write model + optimizer state into `folder` (the checkpoint module makes it atomic)."""
+    def _tensor(self, array):
+        """A numpy array as the framework's tensor on this rank's device."""
 
     @abc.abstractmethod
-    def load(self, folder: Path) -> None: ...
+    def backward(self, loss, tape=None) -> None:
+        """This micro-batch's gradients, added to the step's (the loss divided by accumulation_steps,
+        so k micro-batches of b mean the same as one batch of k*b)."""
 
+    @abc.abstractmethod
+    def _evaluate_batch(self, x, y):
+        """(sum of losses, correct, count) of the setup model on one batch."""
+
+    @abc.abstractmethod
+    def replica_parameters(self) -> list[list]:
+        """Each replica's model state (parameters and buffers) as numpy arrays, in a fixed order."""
+
+    @abc.abstractmethod
+    def _save_objects(self, folder: Path) -> None:
+        """Model and optimizer state into `folder` (toolkit.checkpoint makes it atomic)."""
+
+    @abc.abstractmethod
+    def _load_objects(self, folder: Path) -> None: ...
+
+    @abc.abstractmethod
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
+        collective by a per-process counter, so ranks that ran different numbers of operations
+        (uneven data, joined ranks) must name theirs."""
+
+    # Communication's primitives (toolkit/communication.py): the step, split where the toolkit's
+    # exchange comes in.
+    @abc.abstractmethod
+    def _train_step(self, batches) -> float:
+        """Forward, backward and Horovod's reduce-and-apply over the micro-batches; local mean loss."""
+
+    @abc.abstractmethod
+    def _apply_step(self) -> None:
+        """After backward() of every micro-batch: Horovod's reduce-and-apply, gradients cleared."""
+
+    @abc.abstractmethod
+    def local_gradients(self, batches=None) -> tuple[float | None, list]:
+        """This rank's gradients as numpy arrays in a fixed order, no communication: computed over
+        `batches` (their mean loss returned), or, with None, the ones backward() accumulated."""
+
+    @abc.abstractmethod
+    def apply_gradients(self, grads: list) -> None:
+        """One local optimizer step with these numpy gradients (order as local_gradients)."""
+
+    def get_state(self) -> list:
+        """What local SGD averages: the trainable parameters and the optimizer's slots, as numpy arrays."""
+        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
+
+    def set_state(self, arrays: list) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
+
+    def allgather(self, array):
+        """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
+        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
+
+    # -- the parameter server's workers (toolkit/ps.py) --------------------------------------------------
+    def weights(self) -> list:
+        """The trainable parameters as numpy arrays, in local_gradients order."""
+        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
+
+    def set_weights(self, arrays) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
+
+    # -- uneven data and elastic training, where the registry marks them --------------------------------
     def join(self) -> int:
         """Horovod's join: this rank has no more batches; its allreduces count as zeros until
         every rank has joined. Returns the last rank to join."""
         raise NotImplementedError(f"{type(self).__name__} has no join (see toolkit/registry.py)")
 
-    # -- elastic training (toolkit/elastic.py), for the adapters the registry marks elastic -------
     def snapshot(self):
         """An in-memory copy of model and optimizer state (what an elastic commit keeps)."""
         raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
@@ -173,59 +537,5 @@ class Adapter(abc.ABC):
         """`func(state)` under Horovod elastic: the framework's `hvd.elastic.run`."""
         return self.hvd.elastic.run(func)
 
-    def on_reset(self, config) -> None:
+    def on_reset(self) -> None:
         """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
-
-    @abc.abstractmethod
-    def parameters(self) -> list:
-        """Model state as numpy arrays, in a fixed order (for digests and comparisons)."""
-
-    def replica_parameters(self) -> list[list]:
-        """`parameters()` of each replica this process drives (one, except under native strategies)."""
-        return [self.parameters()]
-
-    # -- the toolkit's exchange (toolkit/communication.py): compression bf16/int8/topk, local SGD --
-    # Implemented by the adapters whose registry entry lists those (toolkit/registry.py); `wrap`
-    # then leaves the optimizer local (no Horovod distributed optimizer).
-    def local_gradients(self, batches: Sequence[tuple[Any, Any]]) -> tuple[float, list]:
-        """This rank's gradients over the micro-batches (their mean), as numpy arrays in a fixed
-        order, and the local mean loss. No communication."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def apply_gradients(self, grads: list) -> None:
-        """One optimizer step with these numpy gradients (order as `local_gradients`)."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def get_state(self) -> list:
-        """What local SGD averages: the trainable parameters and the optimizer's slots, as numpy arrays."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def set_state(self, arrays: list) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def weights(self) -> list:
-        """The trainable parameters as numpy arrays, in `local_gradients` order (parameter server)."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def set_weights(self, arrays) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    def allgather(self, array):
-        """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
-    # -- tensor operations for toolkit algorithms -------------------------------------------------
-    @abc.abstractmethod
-    def allreduce(self, array, average: bool = True, name: str | None = None):
-        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
-        collective by a per-process counter, so ranks that ran different numbers of operations
-        (uneven data, joined ranks) must name theirs."""
-
-    # Object collectives, the same for every framework's Horovod module (set as self.hvd in init).
-    # Horovod names them after type(obj) unless told: ranks passing objects of different types
-    # (rank 0 a payload, the others None) would wait forever. So a name is required.
-    def allgather_object(self, obj, name: str) -> list:
-        return self.hvd.allgather_object(obj, name=name)
-
-    def broadcast_object(self, obj, name: str, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root, name=name)

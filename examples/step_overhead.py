@@ -4,8 +4,8 @@
 
 On 2 shared cores two launched jobs differ by 10-15% from run to run, so a 1% budget cannot be
 checked end to end. Here one process (Horovod on one rank, the same `hvd.DistributedOptimizer`)
-holds one model and times, in alternating blocks, (a) the toolkit's step (`Communication.step` ->
-the torch adapter's `train_step`, numpy batch in, loss float out) and (b) the plain Horovod step
+holds one model and times, in alternating blocks, (a) the toolkit's step (`session.train_step` on
+batches already on the device, loss read back each step) and (b) the plain Horovod step
 (`zero_grad`, forward, `backward`, `step` on torch tensors), so machine drift hits both alike.
 Reports the median block time per step of each and the difference, in microseconds and as a share
 of the step; the tiny model shows the overhead alone, the 10M model shows it against real work.
@@ -26,37 +26,31 @@ def measure(hidden_size: int, hidden_layers: int, features: int, blocks: int, st
     import torch
     import torch.nn.functional as F
 
-    from adapters.torch import TorchAdapter
-    from toolkit import config
-    from toolkit.communication import Communication
+    import toolkit
 
-    cfg = config.resolve({"hidden_size": str(hidden_size), "hidden_layers": str(hidden_layers)}, environ={})
-    adapter = TorchAdapter()
-    adapter.init(cfg)
-    adapter.build(cfg, features, 10)
-    adapter.wrap(cfg)
-    comm = Communication(cfg, adapter, 0, 1)
-    adapter.broadcast()
+    session = toolkit.start({}, hidden_size=hidden_size, hidden_layers=hidden_layers, framework="torch")
+    model, optimizer = session.setup(session.builtin_model(features, 10))
     rng = np.random.RandomState(0)
-    x = rng.standard_normal((cfg.batch_size, features)).astype(np.float32)
-    y = rng.randint(0, 10, cfg.batch_size).astype(np.int64)
-    batches, xt, yt = [(x, y)], torch.from_numpy(x), torch.from_numpy(y)
-    model, optimizer = adapter.model, adapter.optimizer
+    n = session.config.batch_size
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    y = rng.randint(0, 10, n).astype(np.int64)
+    batches = next(session.loader((x, y), shuffle=False).steps())     # on the device, as the trainer's are
+    xt, yt = batches[0]
 
     def plain():
         optimizer.zero_grad()
         F.cross_entropy(model(xt), yt).backward()
         optimizer.step()
 
-    def toolkit():
-        comm.step(batches, 0)
+    def toolkit_step():
+        float(session.train_step(batches))      # the trainer reads the loss once an epoch; here every step
 
     times = {"toolkit": [], "plain": []}
-    for name, fn in (("toolkit", toolkit), ("plain", plain)):
+    for name, fn in (("toolkit", toolkit_step), ("plain", plain)):
         for _ in range(max(3, steps // 5)):      # warm-up both
             fn()
     for _ in range(blocks):
-        for name, fn in (("toolkit", toolkit), ("plain", plain)):
+        for name, fn in (("toolkit", toolkit_step), ("plain", plain)):
             t0 = time.perf_counter()
             for _ in range(steps):
                 fn()

@@ -30,14 +30,15 @@ class Group:
 
 
 class LeastSquares:
-    """The adapter protocol's tensor side, in numpy: w <- w - lr * m, m <- momentum * m + grad."""
+    """A session's tensor side (what toolkit.communication calls), in numpy: w <- w - lr * m,
+    m <- momentum * m + grad."""
     name = "numpy"
 
     def __init__(self, group, rank, lr=0.05, momentum=0.9):
         self.group, self.rank, self.lr, self.momentum = group, rank, lr, momentum
         self.w, self.m = np.zeros(FEATURES, np.float32), np.zeros(FEATURES, np.float32)
 
-    def parameters(self):
+    def weights(self):
         return [self.w]
 
     def local_gradients(self, batches):
@@ -49,7 +50,7 @@ class LeastSquares:
         self.m = (self.momentum * self.m + grads[0]).astype(np.float32)
         self.w = (self.w - self.lr * self.m).astype(np.float32)
 
-    def train_step(self, batches):        # what Horovod's optimizer does: allreduce, then step
+    def _train_step(self, batches):       # what Horovod's optimizer does: allreduce, then step
         loss, grads = self.local_gradients(batches)
         self.apply_gradients([self.allreduce(grads[0])])
         return loss

@@ -62,7 +62,7 @@ def test_local_sgd_after_compressed_warmup_ends_identical(fw):
 @pytest.mark.parametrize("fw", ["torch", "tensorflow"], indirect=True)   # MXNet: refused in the config
 def test_adasum_trains_on_two_mpi_ranks(fw, tmp_path, tmp_path_factory):
     """Horovod's Adasum (MPI controller). TensorFlow goes per tensor: Horovod 0.28.1's grouped
-    Adasum allreduce fails with an UnboundLocalError (adapters/tensorflow.py). Adasum adds the
+    Adasum allreduce fails with an UnboundLocalError (adapters/tensorflow/session.py). Adasum adds the
     parts of the ranks' gradients that are orthogonal, so it must not reach the average's weights."""
     _, average = baseline(fw, tmp_path_factory)
     out = train_job("mpi", digits(fw) + ["--epochs", "1", "--op", "adasum", "--checkpoint-dir", tmp_path])

@@ -73,7 +73,7 @@ def test_timeline_and_stall_check_reach_horovod(tmp_path):
 @pytest.mark.parametrize("stall, expected", [("0", {"HOROVOD_STALL_CHECK_DISABLE": "1"}),
                                              ("120", {"HOROVOD_STALL_CHECK_TIME_SECONDS": "120"})])
 def test_horovod_settings_become_horovod_variables(monkeypatch, tmp_path, stall, expected):
-    from adapters.base import apply_horovod_tuning
+    from toolkit.adapters.horovod import apply_horovod_tuning
     from toolkit import config
     env = {}
     monkeypatch.setattr(os, "environ", env)
@@ -134,7 +134,7 @@ def test_weights_and_biases_when_asked(tmp_path):
 
 
 def test_cpu_fusion_default_only_when_nobody_chose(monkeypatch):
-    from adapters.base import CPU_FUSION_THRESHOLD_MB, apply_horovod_tuning
+    from toolkit.adapters.horovod import CPU_FUSION_THRESHOLD_MB, apply_horovod_tuning
     from toolkit import config
     mib = 1024 * 1024
     for environ, fields, expected in [({}, {}, str(CPU_FUSION_THRESHOLD_MB * mib)),     # the CPU default

@@ -2,7 +2,7 @@
 so the README cannot drift from the code again. Commands that need other hosts run with `--dry-run`
 where `toolkit launch` has one; the rest say why they are not run here.
 
-Each command runs in its own empty folder holding `examples/` and `.venv` (links to this checkout),
+Each command runs in its own empty folder holding `examples/`, `tests/` and `.venv` (links to this checkout),
 with the virtualenv's bin/ first on PATH (what `source .venv/bin/activate` does), so one command's
 checkpoints never meet another's.
 """
@@ -85,8 +85,8 @@ def test_the_commands_not_run_here_are_few_and_say_why():
 @pytest.mark.parametrize("line, command", RUN_HERE, ids=[f"README:{n}" for n, _ in RUN_HERE])
 def test_readme_command_runs_as_written(line, command, tmp_path):
     _, argv = plan(command)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    for name in ("examples", ".venv", "tests"):        # what the commands name, as in a checkout
+        (tmp_path / name).symlink_to(ROOT / name)
     # what the cluster commands name: a hostfile, an ssh key, an image (HOME is this folder)
     (tmp_path / "hosts").write_text("a slots=4\nb slots=4\n")
     (tmp_path / ".ssh").mkdir()

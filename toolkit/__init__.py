@@ -1,5 +1,21 @@
 """toolkit: Horovod that works today, for PyTorch, TensorFlow/Keras 3 and MXNet.
 
-`import toolkit` imports no framework; adapters are imported by name only when chosen.
+    import toolkit
+    session = toolkit.start(framework="torch", lr=0.1)     # or start("cfg.yaml"), start({...})
+    model, optimizer = session.setup(model, optimizer)
+
+`import toolkit` imports no framework: `start` imports the chosen one. The verbs of a session are
+in adapters/base.py and docs/API.md.
 """
 __version__ = "0.1.0"
+
+
+def start(config=None, comm=None, **keys):
+    """Start this rank: resolve the config (a YAML path, a dict, a Config or nothing; then
+    TOOLKIT_* variables; then keyword arguments), hvd.init, one GPU per local rank (or the CPU),
+    threads, seeds; returns the framework's session. `comm`: an mpi4py communicator for Horovod."""
+    from toolkit import api, config as _config
+
+    resolved = _config.load(config, **keys)
+    resolved.quiet_framework_logs()
+    return api.start(resolved, comm)

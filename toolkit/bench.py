@@ -3,9 +3,10 @@
 samples/sec per worker (mean, +-1.96 std over iterations and workers), total, and scaling
 efficiency against the smallest world size, for a list of world sizes.
 
-Two halves. `measure()` runs on every rank of one launched job: the same adapter, `wrap()` and
-`Communication.step` the trainer uses, so the benchmark times the toolkit's real step, on one
-fixed random batch (no data loading, as in Horovod's script). `run()` is the parent: it launches
+Two halves. `measure()` runs on every rank of one launched job: the same session the trainer
+uses (`toolkit.start`, `setup` of the built-in MLP, `train_step`), so the benchmark times the
+toolkit's real step, on one fixed random batch already on the device (no data loading, as in
+Horovod's script); each timed iteration ends by reading the loss back, so queued device work counts. `run()` is the parent: it launches
 one job per world size through toolkit.launch, reads each job's result file, prints the table and
 writes `bench.json` and `bench.png` (matplotlib, imported only there).
 
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit import launch, registry
+from toolkit import launch
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -59,36 +60,33 @@ def measure(config: Config, options: Options) -> dict | None:
     """Time the toolkit's step on this rank; rank 0 returns every worker's rates, the others None."""
     import numpy as np
 
-    from toolkit.communication import Communication
+    from toolkit import api
 
-    adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
-    topo = adapter.init(config)
-    adapter.build(config, options.features, options.classes)
-    adapter.wrap(config)
-    comm = Communication(config, adapter, topo.rank, topo.world_size)
-    adapter.broadcast()
-    rng = np.random.RandomState(config.seed + topo.rank)
-    n = config.batch_size * topo.replicas            # mirrored strategies: the replicas' batches, concatenated
-    batch = (rng.standard_normal((n, options.features)).astype(np.float32),
-             rng.randint(0, options.classes, n).astype(np.int64))
-    batches = [batch] * config.accumulation_steps
+    session = api.start(config)
+    with session.scope():
+        model = session.builtin_model(options.features, options.classes)
+    session.setup(model)
+    rng = np.random.RandomState(config.seed)
+    n = config.batch_size * config.accumulation_steps * session.world_size      # one step of every replica
+    data = (rng.standard_normal((n, options.features)).astype(np.float32),
+            rng.randint(0, options.classes, n).astype(np.int64))
+    batches = next(session.loader(data, shuffle=False).steps())      # on the device, reused every step
     samples = config.batch_size * config.accumulation_steps * options.steps_per_iter   # per replica
-    step = 0
     for _ in range(options.warmup):
-        comm.step(batches, step)
-        step += 1
+        loss = session.train_step(batches)
+    session.to_float(loss)
     rates = []
     for _ in range(options.iters):
         t0 = time.perf_counter()
         for _ in range(options.steps_per_iter):
-            comm.step(batches, step)     # returns the loss as a float: the step has finished
-            step += 1
+            loss = session.train_step(batches)
+        session.to_float(loss)                  # the last step has finished
         rates.append(samples / (time.perf_counter() - t0))
-    per_rank = adapter.allgather_object([rates] * topo.replicas, name="toolkit.bench.rates")
-    if topo.rank != 0:
+    per_rank = session.allgather_object([rates] * session.replicas, name="toolkit.bench.rates")
+    if session.rank != 0:
         return None
-    return {"rates": [r for ranks in per_rank for r in ranks], "path": comm.describe(adapter.path),
-            "device": topo.device, "parameters": comm.values, **comm.summary()}
+    return {"rates": [r for ranks in per_rank for r in ranks], "path": session.communication.describe(session.path),
+            "device": session.device, "parameters": session.communication.values, **session.communication.summary()}
 
 
 # -- in the parent -------------------------------------------------------------------------------

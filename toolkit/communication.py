@@ -1,13 +1,16 @@
 """How each optimizer step's gradients cross the wire, chosen once from the config and counted in bytes.
 
-One class, three ways (the trainer calls `step` and does not know which):
+One class, three ways; the session (adapters/base.py) calls `step` (its `train_step`: forward,
+backward and the reduction) or `finish_step` (its `step()`, after the user's own backward passes)
+and does not know which way runs:
 
-- Horovod's own path (compression none or fp16, any op): the adapter's `train_step`, with
-  Horovod's distributed optimizer inside. It sends the dense gradients: 4 bytes a value, 2 with fp16.
-- The toolkit's exchange (compression bf16, int8, topk): the adapter computes this rank's
+- Horovod's own path (compression none or fp16, any op): the session's `_train_step` /
+  `_apply_step`, with Horovod's distributed optimizer inside. It sends the dense gradients: 4 bytes
+  a value, 2 with fp16.
+- The toolkit's exchange (compression bf16, int8, topk): the session hands over this rank's
   gradients (`local_gradients`, accumulation included, so compression happens once per optimizer
   step), `toolkit.compression.GradientExchange` compresses, exchanges and averages them with error
-  feedback, and the adapter applies the result (`apply_gradients`).
+  feedback, and the session applies the result (`apply_gradients`).
 - Local SGD (Stich 2019; post-local SGD, Lin et al. 2020): after `sync_warmup_steps` synchronous
   steps (exchanged as above, compressed if asked), each rank applies its own gradients and every
   `local_steps` steps the ranks average their models, parameters and optimizer slots, with one
@@ -32,39 +35,55 @@ STATE_FILE = "communication.npz"
 
 
 class Communication:
-    def __init__(self, config: Config, adapter, rank: int, world_size: int):
-        self.adapter, self.rank, self.world = adapter, rank, world_size
+    def __init__(self, config: Config, session, rank: int, world_size: int):
+        self.session, self.rank, self.world = session, rank, world_size
         self.toolkit = config.toolkit_exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
         self.warmup_steps = config.sync_warmup_steps
-        self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio or 0.01),
+        self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio),
                                          bool(config.error_feedback), average=config.op is not Op.SUM) \
             if self.toolkit else None
         self.horovod_value_bytes = 2 if config.compression is Compression.FP16 else 4
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.steps = 0              # optimizer steps since this process started
-        self.values = sum(int(a.size) for a in adapter.parameters())   # gradient values per step
+        self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
 
     # -- the trainer's calls -------------------------------------------------------------------
     def step(self, batches, step: int) -> float:
         """One optimizer step over the micro-batches (`step` is the global step index); local mean loss."""
-        self.steps += 1
         if not self.toolkit:
-            if self.world > 1:      # Horovod skips the allreduce of a 1-rank job
-                self.bytes_sent += self.values * self.horovod_value_bytes
-            return self.adapter.train_step(batches)
-        loss, grads = self.adapter.local_gradients(batches)
+            self._count_horovod()
+            return self.session._train_step(batches)
+        loss, grads = self.session.local_gradients(batches)
+        self._exchange(grads, step)
+        return loss
+
+    def finish_step(self, step: int) -> None:
+        """The step's gradients are computed (the user's backward passes): reduce and apply them."""
+        if not self.toolkit:
+            self._count_horovod()
+            self.session._apply_step()
+            return
+        _, grads = self.session.local_gradients(None)
+        self._exchange(grads, step)
+
+    def _count_horovod(self) -> None:
+        self.steps += 1
+        if self.world > 1:      # Horovod skips the allreduce of a 1-rank job
+            self.bytes_sent += self.values * self.horovod_value_bytes
+
+    def _exchange(self, grads, step: int) -> None:
+        self.steps += 1
         if self.local_steps and step >= self.warmup_steps:
-            self.adapter.apply_gradients(grads)
+            self.session.apply_gradients(grads)
             self.since_average += 1
             if self.since_average == self.local_steps:
                 self.average_models()
         else:
-            grads = self.exchange.exchange(grads, self.adapter, self.world)
+            grads = self.exchange.exchange(grads, self.session, self.world)
             self.bytes_sent += self.exchange.last_bytes
-            self.adapter.apply_gradients(grads)
-        return loss
+            self.session.apply_gradients(grads)
 
     def end_epoch(self) -> None:
         """Local SGD: one model on every rank before evaluation and checkpoints."""
@@ -72,20 +91,20 @@ class Communication:
             self.average_models()
 
     def average_models(self) -> None:
-        arrays = self.adapter.get_state()
+        arrays = self.session.get_state()
         flat = flatten(arrays)
         if self.world > 1:
-            flat = self.adapter.allreduce(flat, average=True)
+            flat = self.session.allreduce(flat, average=True)
             self.bytes_sent += flat.nbytes
-        self.adapter.set_state(unflatten(flat, arrays))
+        self.session.set_state(unflatten(flat, arrays))
         self.since_average = 0
 
-    def describe(self, adapter_path: str) -> str:
-        """The JSON summary's `path`: the adapter's own, or what the toolkit does on top of it."""
+    def describe(self, session_path: str) -> str:
+        """The JSON summary's `path`: the session's own, or what the toolkit does on top of it."""
         if not self.toolkit:
-            return adapter_path
+            return session_path
         how = (f"local SGD (average every {self.local_steps} steps)" if self.local_steps else "every step")
-        return f"toolkit {self.exchange.compressor.name} exchange, {how}, over {self.adapter.name}'s Horovod collectives"
+        return f"toolkit {self.exchange.compressor.name} exchange, {how}, over {self.session.name}'s Horovod collectives"
 
     def summary(self) -> dict:
         per_step = self.bytes_sent / self.steps if self.steps else 0.0
@@ -101,7 +120,7 @@ class Communication:
         residual = self.exchange.residual
         if residual is None:
             residual = np.zeros(self.values, np.float32)
-        rows = residual.view(np.uint8) if self.world == 1 else self.adapter.allgather(residual.view(np.uint8))
+        rows = residual.view(np.uint8) if self.world == 1 else self.session.allgather(residual.view(np.uint8))
         return {"residuals": np.frombuffer(rows.tobytes(), np.float32).reshape(self.world, -1),
                 "since_average": np.array(self.since_average)}
 

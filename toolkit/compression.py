@@ -135,7 +135,7 @@ def unflatten(flat, like) -> list:
     return out
 
 
-def make(name: str, topk_ratio: float = 0.01) -> Compressor:
+def make(name: str, topk_ratio: float | None = None) -> Compressor:
     if name == "topk":
         return TopK(topk_ratio)
     return {"none": Compressor, "bf16": BF16, "int8": Int8}[name]()

@@ -105,10 +105,15 @@ class Config:
                                             "when TF_CONFIG is set, else mirrored")
     num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = every GPU, "
                                           "else 1 CPU (N > 1 on CPU: N logical devices)")
-    model: Model = _f(Model.MLP, "model architecture")
+    model: str = _f(Model.MLP.value, "mlp or linear (built in), or your own: `pkg.module:build` (a module on "
+                                     "PYTHONPATH or a .py file before the colon; build(config) returns the "
+                                     "framework's model; an optional `loss(outputs, labels)` beside it replaces "
+                                     "cross-entropy)")
     hidden_size: int = _f(64, "width of each hidden layer (mlp)")
     hidden_layers: int = _f(1, "number of hidden layers (mlp)")
-    dataset: Dataset = _f(Dataset.DIGITS, "built-in dataset (no download)")
+    dataset: str = _f(Dataset.DIGITS.value, "digits or synthetic (built in, no download), or your own: "
+                                           "`pkg.module:load` (load(config) returns (train, eval): numpy (x, y) "
+                                           "arrays or the framework's datasets)")
     epochs: int = _f(10, "passes over the training set")
     batch_size: int = _f(32, "samples per micro-batch on each worker")
     optimizer: Optimizer = _f(Optimizer.SGD, "optimizer")
@@ -162,6 +167,10 @@ class Config:
                                           "each epoch; it then joins (hvd.join) while the others finish")
     straggler: Optional[str] = _f(None, "slow ranks down on purpose, for tests and benchmarks: `RANK:MS[,RANK:MS]` "
                                         "sleeps MS milliseconds before each of that rank's steps")
+    allow_cpu: bool = _f(False, "train on the CPU when this host has fewer GPUs than ranks (else a one-line "
+                                "error naming the counts)")
+    loader_workers: int = _f(0, "torch Dataset loaders: DataLoader worker processes per rank (0: read in the "
+                                "training process)")
     quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
     framework_logs: bool = _f(False, "show TensorFlow's C++ start-up logs (absl INFO lines: oneDNN, CPU features, "
                                      "gRPC), which are kept off stderr by default")
@@ -175,6 +184,14 @@ class Config:
     def __post_init__(self):
         positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
                          "hidden_layers", "keep_checkpoints")
+        for name, enum_kind, verb in (("model", Model, "build"), ("dataset", Dataset, "load")):
+            value = getattr(self, name)
+            if value not in {m.value for m in enum_kind} and not is_reference(value):
+                raise ToolkitError(f"{name}={value!r}: not one of the built-in {name}s "
+                                   f"({', '.join(m.value for m in enum_kind)}) nor a reference to your own "
+                                   f"`pkg.module:{verb}` (a module on PYTHONPATH or a .py file before the colon)")
+        if self.loader_workers < 0:
+            _bad("loader_workers", self.loader_workers, "must be >= 0", example="2")
         for name in positive_ints:
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "must be a positive integer", example=_example(name))
@@ -376,12 +393,13 @@ class Config:
                 grouped[name] = value
         unset = {f.name: m.group(1).strip() for f in dataclasses.fields(self)
                  if (m := re.search(r"unset = ((?:[^;()]|\([^)]*\))+)", f.metadata["help"]))}
-        lines = []
+        lines, group = [], None
         for line in yaml.safe_dump(grouped, sort_keys=False).splitlines():
             key = line.strip().split(":", 1)[0]
-            name = key if not line.startswith(" ") else f"{lines_group}_{key}"
-            if not line.startswith(" "):
-                lines_group = key
+            nested = line.startswith(" ")
+            name = f"{group}_{key}" if nested else key
+            if not nested:
+                group = key
             if line.endswith(": null") and name in unset:
                 line += f"  # unset: {unset[name]}"
             lines.append(line)
@@ -398,6 +416,12 @@ class Config:
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
         values = flatten_groups(values, source)
         return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
+
+
+def is_reference(value: str) -> bool:
+    """`pkg.module:function` or `path/file.py:function`: the user's code, not a built-in name."""
+    module, sep, function = str(value).rpartition(":")
+    return bool(sep and module and function.isidentifier())
 
 
 def _rank_values(spec: Optional[str], valid, error: str) -> dict[int, float]:
@@ -569,13 +593,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help=help_text)
 
 
+def load(source: "str | os.PathLike | Mapping[str, Any] | Config | None" = None, **keys) -> Config:
+    """The config of `toolkit.start(...)`: a YAML file's path, a dict of keys, a Config, or nothing;
+    then TOOLKIT_* variables; then `keys` (keyword arguments win, as flags do on the command line)."""
+    if isinstance(source, Config):
+        return dataclasses.replace(source, **{k: _coerce(_field(k, "start()"), v, "start()") for k, v in keys.items()})
+    if source is None or isinstance(source, Mapping):
+        return resolve(keys, base=dict(source or {}))
+    return resolve({"config": str(source), **keys})
+
+
+def _field(name: str, source: str) -> dataclasses.Field:
+    kinds = {f.name: f for f in dataclasses.fields(Config)}
+    if name not in kinds:
+        Config.from_dict({name: None}, source=source)      # words the error (nearest key, allowed keys)
+    return kinds[name]
+
+
 def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
-            environ: Mapping[str, str] | None = None) -> Config:
-    """defaults < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`."""
+            environ: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None) -> Config:
+    """defaults < `base` (a dict of keys) < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`."""
     cli = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
     names = {f.name for f in dataclasses.fields(Config)}
     path = cli.pop("config", None)
     merged: dict[str, tuple[Any, str]] = {}
+    if base:
+        merged.update({k: (v, "start()") for k, v in flatten_groups(base, "start()").items()})
     if path is not None:
         merged.update({k: (v, path) for k, v in read_yaml(path).items()})
     environ = os.environ if environ is None else environ

@@ -23,10 +23,53 @@ class Data:
         return int(self.x_train.shape[1])
 
 
+@dataclass(frozen=True)
+class Datasets:
+    """What the built-in trainer trains on: `train` and `eval` as numpy (x, y) arrays or the
+    framework's datasets, and what a built-in model needs to know of them (None when unknown)."""
+    train: "object"
+    eval: "object"
+    num_features: int | None
+    num_classes: int | None
+
+
+def datasets(config: Config) -> Datasets:
+    """The built-in dataset, or the user's `load(config)` (config `dataset: pkg.module:load`)."""
+    if config.dataset in {d.value for d in Dataset}:
+        data = load(config)
+        return Datasets((data.x_train, data.y_train), (data.x_test, data.y_test), data.num_features,
+                        data.num_classes)
+    from toolkit import usercode
+    train, evaluation = usercode.load_datasets(config)
+    features, classes = _describe(train)
+    return Datasets(train, evaluation, features, classes)
+
+
+def _describe(train) -> tuple[int | None, int | None]:
+    """(features, classes) of numpy (x, y) arrays, or what a dataset says of itself."""
+    import numpy as np
+    if isinstance(train, (tuple, list)) and len(train) == 2 and all(isinstance(a, np.ndarray) for a in train):
+        x, y = train
+        features = int(np.prod(x.shape[1:])) if x.ndim >= 2 else None
+        classes = int(y.max()) + 1 if y.size and np.issubdtype(y.dtype, np.integer) else None
+        return features, classes
+    classes = getattr(train, "num_classes", None)
+    if classes is None and hasattr(train, "classes"):
+        classes = len(train.classes)
+    return None, classes
+
+
+def is_arrays(data) -> bool:
+    """numpy `(x, y)` of equal length: the one data form every session reads without its framework."""
+    import numpy as np
+    return (isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(a, np.ndarray) for a in data)
+            and len(data[0]) == len(data[1]))
+
+
 def load(config: Config) -> Data:
     import numpy as np
 
-    if config.dataset is Dataset.DIGITS:
+    if config.dataset == Dataset.DIGITS.value:
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
@@ -87,3 +130,79 @@ def steps_left(n: int, position: int, size: int, batch_size: int, accumulation_s
 
 def steps_per_epoch(n: int, size: int, batch_size: int, accumulation_steps: int) -> int:
     return (n // size) // (batch_size * accumulation_steps)
+
+
+class Sampler:
+    """Which samples this process's replicas take, optimizer step by optimizer step: the one sampling
+    rule of the toolkit, behind every framework's `session.loader` (numpy, torch `Dataset`, Gluon
+    `Dataset`; tf.data follows it with shuffle/shard/skip).
+
+    Training: one permutation of the `n` samples per epoch (from `seed` and the epoch only, the
+    same on every rank), taken `batch_size x accumulation_steps x world` positions per optimizer
+    step (`step_indices`); the last partial step is dropped, so every replica runs the same number
+    of steps. Progress is a position in that permutation (`state_dict`), so a resume or an elastic
+    resize (`resize`) carries on without repeating or skipping a sample. Evaluation
+    (`train=False`): the samples in order, replica r taking every `world`-th from r, nothing dropped.
+    `shuffle=False` trains on the samples in their order, every epoch.
+    """
+
+    def __init__(self, n: int, batch_size: int, accumulation_steps: int = 1, world: int = 1,
+                 replicas: range | None = None, seed: int = 0, train: bool = True, shuffle: bool = True):
+        if n < 1:
+            from toolkit.errors import ToolkitError
+            raise ToolkitError("the dataset is empty: give the loader at least one sample")
+        self.n, self.batch_size, self.k, self.seed = n, batch_size, accumulation_steps, seed
+        self.train, self.shuffle = train, shuffle
+        self.epoch, self.position = 0, 0
+        self.resize(world, replicas if replicas is not None else range(1))
+
+    def resize(self, world: int, replicas: range) -> None:
+        """A new world (elastic training); the position in the epoch stays."""
+        self.world, self.replicas = world, replicas
+
+    @property
+    def step_samples(self) -> int:
+        return self.batch_size * self.k * self.world
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in a whole epoch (training), or batches of this replica (evaluation)."""
+        if self.train:
+            return self.n // self.step_samples
+        share = len(range(self.replicas.start, self.n, self.world))
+        return -(-share // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` from its beginning (a resumed position is kept for the epoch it belongs to)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def order(self):
+        import numpy as np
+        return epoch_order(self.n, self.epoch, self.seed) if self.train and self.shuffle else np.arange(self.n)
+
+    def remaining(self) -> list:
+        """Each remaining optimizer step of the epoch: its `accumulation_steps` micro-batches of
+        indices (each micro-batch holds this process's replicas' samples one after the other).
+        Evaluation: this replica's batches, one micro-batch a step. The position does not move."""
+        import numpy as np
+        order = self.order()
+        if not self.train:
+            mine = np.concatenate([order[r::self.world] for r in self.replicas])
+            return [[mine[start:start + self.batch_size]] for start in range(0, len(mine), self.batch_size)]
+        out, position = [], self.position
+        while steps_left(self.n, position, self.world, self.batch_size, self.k):
+            out.append(step_indices(order, position, self.batch_size, self.k, self.world, self.replicas))
+            position += self.step_samples
+        return out
+
+    def advance(self) -> None:
+        """One optimizer step of the epoch handed out (training)."""
+        if self.train:
+            self.position += self.step_samples
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

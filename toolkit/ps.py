@@ -5,10 +5,10 @@ Ranks 0 .. ps_servers-1 are servers, the rest are workers. The parameters, flatt
 vector, are cut into one contiguous shard per server; a server holds its shard and the optimizer's
 state for it and applies every gradient as it arrives, with the configured optimizer (numpy, the
 update rules of torch.optim.SGD / Adam). A worker computes gradients with its framework
-(`adapter.local_gradients`), pushes one shard to each server and pulls back the new values, point to
+(`session.local_gradients`), pushes one shard to each server and pulls back the new values, point to
 point (MPI Send/Recv on numpy buffers) with no barrier. Under SSP a server holds a worker's reply
 until the slowest worker is at most `staleness` steps behind it. Written once here for every
-framework; an adapter only provides `local_gradients`, `weights` and `set_weights`.
+framework; a session only provides `local_gradients`, `weights` and `set_weights`.
 
 Workers run Horovod on their own communicator (`hvd.init(comm=...)`, an mpi4py split of
 COMM_WORLD) for evaluation and the final replica check; servers need no framework at all.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -29,8 +28,9 @@ import numpy as np
 
 from toolkit import checkpoint, data as datasets, schedule
 from toolkit.compression import flatten, unflatten
-from toolkit.config import Config, Optimizer, Sync
+from toolkit.config import Config, Dataset, Optimizer, Sync
 from toolkit.errors import ToolkitError
+from toolkit.metrics import say
 
 # message tags (a header of int64 values is followed, for PUSH and replies, by a float32 payload)
 HEADER, DATA, STATS = 1, 2, 3
@@ -270,8 +270,7 @@ def summarize(stats: dict) -> dict:
 
 def run(config: Config) -> dict:
     """Every rank of a parameter-server job calls this (from toolkit.trainer.run)."""
-    from toolkit import registry
-    from toolkit.trainer import _evaluate, _log, _replica_digests, check_replicas
+    from toolkit import api
 
     world = _world()
     size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
@@ -280,6 +279,9 @@ def run(config: Config) -> dict:
     if size <= servers:
         raise ToolkitError(f"ps_servers={servers} but the job has {size} rank(s): at least one worker is needed; "
                            f"launch {servers + 1} or more ranks (mpirun -np {servers + 1}) or lower ps_servers")
+    if config.dataset not in {d.value for d in Dataset}:
+        raise ToolkitError(f"dataset={config.dataset!r}: the parameter server trains the built-in datasets (digits, "
+                           "synthetic); use sync every_step or local_sgd for your own")
     data = datasets.load(config)
     n_train = len(data.x_train)
     if datasets.steps_per_epoch(n_train, size - servers, config.batch_size, config.accumulation_steps) < 1:
@@ -292,64 +294,63 @@ def run(config: Config) -> dict:
         Server(config, world, rank, servers, n_train).serve(group)
         return {"rank": None}
 
-    adapter = registry.load(config.framework, config.backend.value, config.keras.value)()
-    topo = adapter.init(config, comm=group)      # Horovod among the workers only
-    w, workers = topo.rank, topo.size
-    adapter.build(config, data.num_features, data.num_classes)
-    initial_digests = _replica_digests(adapter, "toolkit.initial_digest")
-    adapter.wrap(config)
-    client = Client(world, servers, adapter.weights())
+    session = api.start(config, comm=group)      # Horovod among the workers only
+    w, workers = session.rank, session.size
+    both = datasets.datasets(config)
+    api.setup(config, session, both)
+    initial_digests = [d for per in session.allgather_object(session.local_digests, name="toolkit.initial_digest")
+                       for d in per]
+    train_loader = session.loader(both.train)     # this worker's share, the same rule as synchronous training
+    client = Client(world, servers, session.weights())
     if w == 0:
         for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
             Path(folder).mkdir(parents=True, exist_ok=True)
             (Path(folder) / "config.yaml").write_text(config.to_yaml())
         if not config.resume:
-            client.send_initial(adapter.weights())
-    adapter.set_weights(client.pull())
+            client.send_initial(session.weights())
+    session.set_weights(client.pull())
     start = client.versions[0]          # updates the servers had applied before this job (resume)
     b, k = config.batch_size, config.accumulation_steps
-    spe = datasets.steps_per_epoch(n_train, workers, b, k)
+    spe = train_loader.steps_per_epoch
     how = f"ssp, staleness {config.staleness}" if config.sync is Sync.SSP else "async"
-    _log(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
+    say(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
             f"{spe} steps/epoch per worker, batch {b * k} per update")
     clock, losses, loss, t0 = 0, [], None, time.perf_counter()
     pushed, replied = [], []            # wall-clock times of each push and of its reply (the step log)
-    test_x, test_y = data.x_test[w::workers], data.y_test[w::workers]
     for epoch in range(client.epoch, config.epochs):
-        shard = datasets.epoch_shard(n_train, epoch, config.seed, w, workers)
+        train_loader.set_epoch(epoch)
         losses = []
-        for s in range(int(spe * fraction)):
+        for s, batches in enumerate(train_loader.steps()):
+            if s >= int(spe * fraction):
+                break
             if delay:
                 time.sleep(delay)
-            batches = [(data.x_train[idx], data.y_train[idx])
-                       for idx in (shard[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k))]
-            step_loss, grads = adapter.local_gradients(batches)
-            losses.append(step_loss)
+            step_loss, grads = session.local_gradients(batches)
+            losses.append(session.to_float(step_loss))
             pushed.append(time.time())
-            adapter.set_weights(client.push_pull(grads, clock))
+            session.set_weights(client.push_pull(grads, clock))
             replied.append(time.time())
             clock += 1
         loss = float(np.mean(losses))
         if w == 0:      # this worker's view (the others are at most `staleness` steps apart)
-            test_loss, correct, count = adapter.evaluate(data.x_test, data.y_test)
-            _log(w, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss / count:.4f}  "
-                    f"accuracy {correct / count:.4f}  (worker 0: its own loss and its copy of the model)",
-                 config.quiet)
+            test_loss, accuracy = _local_evaluate(session, both.eval, b)
+            say(w, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
+                    f"accuracy {accuracy:.4f}  (worker 0: its own loss and its copy of the model)", config.quiet)
     client.done(clock)
-    adapter.set_weights(client.pull())          # the servers' final parameters
+    session.set_weights(client.pull())          # the servers' final parameters
     seconds = time.perf_counter() - t0
     stats = summarize(client.stats()) if w == 0 else {}
-    loss = float(adapter.allreduce(np.array([loss if loss is not None else np.nan]), name="toolkit.ps_loss")[0])
-    _, accuracy = _evaluate(adapter, test_x, test_y)
+    loss = session.mean(loss if loss is not None else np.nan, name="toolkit.ps_loss")
+    _, accuracy = session.evaluate(session.loader(both.eval, train=False))
     # what the JSON summary says, unlike the epoch lines: every worker's, on the servers' final model
-    _log(w, f"final  loss {loss:.4f} (every worker's last epoch)  accuracy {accuracy:.4f} (the servers' final "
+    say(w, f"final  loss {loss:.4f} (every worker's last epoch)  accuracy {accuracy:.4f} (the servers' final "
             f"model, every worker's share of the test set)", config.quiet)
-    digests = check_replicas(adapter)
-    trained = [int(n) for n in adapter.allgather_object(clock, name="toolkit.steps_trained")]
+    digests = session.check_replicas()
+    trained = [int(n) for n in session.allgather_object(clock, name="toolkit.steps_trained")]
     if config.log_dir:      # each worker's step log: when it pushed each gradient and got the reply
         Path(config.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(config.log_dir) / f"ps-worker-{w}.json").write_text(json.dumps({"push": pushed, "reply": replied}))
-    samples = float(adapter.allreduce(np.array([clock * b * k], np.float64), average=False, name="toolkit.ps_samples")[0])
+    samples = float(session.allreduce(np.array([clock * b * k], np.float64), average=False, name="toolkit.ps_samples")[0])
     return {
         "framework": config.framework, "backend": config.backend.value, "world_size": workers,
         "processes": size, "path": f"parameter server over mpi4py ({servers} server(s), {how})",
@@ -361,5 +362,20 @@ def run(config: Config) -> dict:
         "samples_per_sec": samples / seconds if seconds else 0.0,
         "compression": config.compression.value, "sync": config.sync.value,
         "staleness_bound": bound(config), "servers": servers, **stats,
-        "device": topo.device, "rank": w,
+        "device": session.device, "rank": w,
     }
+
+
+def _local_evaluate(session, evaluation, batch_size: int) -> tuple[float, float]:
+    """(mean loss, accuracy) of this worker's copy of the model on the whole test set, alone (no
+    collective: the other workers are elsewhere in their epochs)."""
+    from toolkit.adapters.base import Loader
+    from toolkit.data import Sampler
+
+    loader = Loader(session, evaluation, Sampler(session._length(evaluation), batch_size, train=False),
+                    session._batches)
+    totals = np.zeros(4, np.float64)
+    for batches in loader.steps():
+        for x, y in batches:
+            totals += session._evaluate_batch(x, y)
+    return totals[0] / totals[2], totals[1] / totals[2]

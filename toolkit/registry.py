@@ -1,8 +1,8 @@
-"""Framework name -> adapter class per backend, imported only when chosen, so `import toolkit` stays light.
+"""Framework name -> session class per backend, imported only when chosen, so `import toolkit` stays light.
 
 Availability is decided here, once, from `importlib.util.find_spec` (no framework import).
 What each implementation can do (ops, compressions) is declared here too and checked when the
-config resolves, so a request an adapter cannot honour fails before any process starts.
+config resolves, so a request a session cannot honour fails before any process starts.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from toolkit.errors import ToolkitError
 
 ALL_OPS = ("average", "sum", "adasum")
 HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, inside its allreduce
-TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the adapter's
+TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the session's
 ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
 ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
 
@@ -44,21 +44,21 @@ class AdapterSpec:
 
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("torch", "pip install torch==2.13.0 (or run `make setup`)",
-                         {"horovod": Implementation("adapters.torch:TorchAdapter", elastic=True, join=True)}),
+                         {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession", elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
-        {"horovod": Implementation("adapters.tensorflow:TensorflowAdapter", elastic=True),
-         "native": Implementation("adapters.tensorflow_native:NativeAdapter", ops=("average", "sum"),
+        {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession", elastic=True),
+         "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession", ops=("average", "sum"),
                                   compressions=("none",), syncs=("every_step",),
                                   why_not="TensorFlow's collectives have neither Adasum nor compression, "
                                           "and the strategies step in sync; use backend: horovod for them")},
         variants={"horovod/tf_keras": Implementation(
-            "adapters.tf_keras:TfKerasAdapter", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
+            "toolkit.adapters.tensorflow.tf_keras:TfKerasSession", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
             why_not="tf-keras trains through Horovod's own DistributedOptimizer, which has only fp16; "
                     "the toolkit's compressions and local SGD run with keras: keras3",
             why_not_elastic="elastic runs with keras: keras3")}),
     "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
-                         {"horovod": Implementation("adapters.mxnet:MxnetAdapter", ops=("average", "sum"),
+                         {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession", ops=("average", "sum"),
                                                     why_not="Horovod's MXNet DistributedTrainer has no Adasum",
                                                     why_not_elastic="Horovod 0.28.1 has no horovod.mxnet.elastic")}),
 }
@@ -80,7 +80,7 @@ def is_available(name: str) -> bool:
 
 
 def load(name: str, backend: str = "horovod", keras: str = "keras3"):
-    """The adapter class for framework `name` on `backend`; a clear error if the framework is missing."""
+    """The session class for framework `name` on `backend`; a clear error if the framework is missing."""
     s = spec(name)
     if not is_available(name):
         raise ToolkitError(f"framework={name!r} is not installed in this Python; {s.install}")

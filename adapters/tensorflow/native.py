@@ -12,6 +12,9 @@ is broken upstream (keras-team/keras#20585), so both run the toolkit's custom lo
   (Keras 3's optimizer all-reduces SUM across replicas inside `apply_gradients`; the toolkit
   scales by 1/replicas for op=average);
 - coupled L2 weight decay, lr schedule, checkpoints and object collectives as everywhere else.
+
+A user's model must be made inside `session.scope()` (the strategy's scope), as TensorFlow asks.
+Everything Keras 3 that does not move gradients is shared with the Horovod session (keras.py).
 """
 from __future__ import annotations
 
@@ -23,9 +26,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from adapters.base import Topology, require_gpu_if_asked, threads_per_rank
-from adapters.tensorflow import TensorflowAdapter, build_model, make_optimizer, set_threads
-from toolkit.config import Config, Op, Strategy
+from toolkit.adapters.base import Topology, digest
+from toolkit.adapters.horovod import require_gpu_if_asked, threads_per_rank
+from toolkit.adapters.tensorflow import models
+from toolkit.adapters.tensorflow.keras import KerasSession, set_threads
+from toolkit.config import Op, Strategy
 from toolkit.errors import ToolkitError
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -48,10 +53,11 @@ def tf_config_topology(text: str) -> tuple[int, int, int, int]:
     return index, len(workers), same_host.index(index), len(same_host)
 
 
-class NativeAdapter(TensorflowAdapter):
+class NativeSession(KerasSession):
     name = "tensorflow"
 
-    def init(self, config: Config, comm=None) -> Topology:
+    def _start(self, comm=None) -> Topology:
+        config = self.config
         if comm is not None:
             raise ToolkitError("backend=native runs TensorFlow's own collectives, not MPI: no communicator")
         kind = config.strategy or (Strategy.MULTI_WORKER_MIRRORED if "TF_CONFIG" in os.environ
@@ -78,12 +84,11 @@ class NativeAdapter(TensorflowAdapter):
             devices = self._mirrored_devices(gpus, config.num_devices)
             self.strategy = tf.distribute.MirroredStrategy(devices)
             device = ",".join(d.strip("/").lower() for d in devices)
-        self.rank, self.size = rank, size
-        self.replicas = self.strategy.num_replicas_in_sync // size
+        replicas = self.strategy.num_replicas_in_sync // size
         strategy_name = "MultiWorkerMirroredStrategy" if kind is Strategy.MULTI_WORKER_MIRRORED else "MirroredStrategy"
         self.path = f"tf.distribute.{strategy_name}, Keras 3 custom loop"
-        self._process_sum = self._make_process_sum()
-        return Topology(rank, size, local_rank, local_size, device, self.replicas)
+        self._process_sum = self._make_process_sum(replicas)
+        return Topology(rank, size, local_rank, local_size, device, replicas)
 
     @staticmethod
     def _mirrored_devices(gpus, wanted) -> list[str]:
@@ -99,37 +104,61 @@ class NativeAdapter(TensorflowAdapter):
         return [f"/cpu:{i}" for i in range(wanted)]
 
     # -- model ------------------------------------------------------------------------------------
-    def build(self, config: Config, num_features: int, num_classes: int) -> None:
+    def scope(self):
+        return self.strategy.scope()
+
+
+    def builtin_model(self, num_features: int, num_classes: int):
+        self._builtin = (num_features, num_classes)     # setup() gives each replica its own start
+        return models.build(self.config, num_features, num_classes)
+
+    def _place(self, model):
+        model = super()._place(model)
+        if not any(isinstance(v.value, tf.distribute.DistributedValues) for v in model.weights) \
+                and self.strategy.num_replicas_in_sync > 1:
+            raise ToolkitError("backend=native: create the model inside session.scope() (`with session.scope(): "
+                               "model = build()`), so TensorFlow's strategy mirrors its variables")
+        return model
+
+    def _make_optimizer(self, model):
         with self.strategy.scope():
-            self.model = build_model(config, num_features, num_classes)
-            self.optimizer = make_optimizer(config)
-            self.optimizer.build(self.model.trainable_variables)
-        self.weight_decay = config.weight_decay
-        # Replica r starts from the weights seed + r gives, as Horovod rank r does: different on
-        # purpose, so the broadcast below is really exercised (and tested).
+            return super()._make_optimizer(model)
+
+    def _wrap(self) -> None:
+        with self.strategy.scope():
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+        if getattr(self, "_builtin", None):
+            self._start_replicas_apart(*self._builtin)
+        self._compile_steps()
+
+    def _start_replicas_apart(self, num_features: int, num_classes: int) -> None:
+        """Replica r starts from the weights seed + r gives, as Horovod rank r does: different on
+        purpose, so the broadcast that follows is really exercised (and tested). (A user's model
+        made once in the scope starts the same on every replica: TensorFlow mirrors it.)"""
         first = self.rank * self.replicas
         initial = []
         for r in range(first, first + self.replicas):
-            keras.utils.set_random_seed(config.seed + r)
-            initial.append(build_model(config, num_features, num_classes).get_weights())
+            keras.utils.set_random_seed(self.config.seed + r)
+            initial.append(models.build(self.config, num_features, num_classes).get_weights())
         for i, v in enumerate(self.model.weights):
             values = self.strategy.experimental_distribute_values_from_function(
                 lambda ctx, i=i: tf.constant(initial[ctx.replica_id_in_sync_group - first][i]))
             self.strategy.extended.update(v.value, lambda var, value: var.assign(value), args=(values,), group=False)
+        self.local_digests = [digest(p) for p in self.replica_parameters()]
 
-    def wrap(self, config: Config) -> None:
-        variables, replicas, k = self.model.trainable_variables, self.strategy.num_replicas_in_sync, config.accumulation_steps
+    def _compile_steps(self) -> None:
+        variables, replicas, k = self.model.trainable_variables, self.strategy.num_replicas_in_sync, \
+            self.config.accumulation_steps
         # Keras all-reduces SUM over replicas in apply_gradients: 1/replicas turns it into the average.
-        scale = 1.0 / replicas if config.op is Op.AVERAGE else 1.0
-        weight_decay = self.weight_decay / replicas     # summed over replicas: + wd * w, once
+        scale = 1.0 / replicas if self.config.op is Op.AVERAGE else 1.0
+        weight_decay = self.config.weight_decay / replicas     # summed over replicas: + wd * w, once
 
         def replica_step(x, y):
             grads, total = None, 0.0
             for j in range(k):                          # k micro-batches, one reduction
-                with tf.GradientTape() as tape:   # the plain mean: Keras's Loss objects would
-                    # already divide by the replicas under a strategy (scale_loss_for_distribution)
-                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                        y[j], self.model(x[j], training=True), from_logits=True)) / k
+                with tf.GradientTape() as tape:
+                    loss = self.loss_fn(self.model(x[j], training=True), y[j]) / k
                 g = tape.gradient(loss, [v.value for v in variables])
                 grads = g if grads is None else [a + b for a, b in zip(grads, g)]
                 total += loss
@@ -157,27 +186,37 @@ class NativeAdapter(TensorflowAdapter):
             self.strategy.extended.update(v.value, lambda var, x: var.assign(tf.cast(x, var.dtype)),
                                           args=(value,), group=False)
 
-    def train_step(self, batches) -> float:
+    def _train_step(self, batches) -> float:
         local = self.replicas
-        b = len(batches[0][0]) // local
-        x = np.stack([bx for bx, _ in batches])      # [k, b * replicas, ...]: replica i owns [i*b:(i+1)*b]
-        y = np.stack([by for _, by in batches])
+        b = int(batches[0][0].shape[0]) // local
+        x = np.stack([np.asarray(bx) for bx, _ in batches])   # [k, b * replicas, ...]: replica i owns [i*b:(i+1)*b]
+        y = np.stack([np.asarray(by) for _, by in batches])
         first = self.rank * local
         per_replica = lambda a: self.strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(a[:, (ctx.replica_id_in_sync_group - first) * b:][:, :b]))
         losses = self._step(per_replica(x), per_replica(y))
         return float(np.mean([t.numpy() for t in self.strategy.experimental_local_results(losses)]))
 
-    def parameters(self) -> list:
-        return self.replica_parameters()[0]
+    def backward(self, loss, tape=None) -> None:
+        raise ToolkitError("backend=native steps inside TensorFlow's strategy: use session.train_step(batches) "
+                           "(or Keras's own model.fit with the strategy); backward/step run on backend horovod")
+
+    def _apply_step(self) -> None:
+        raise ToolkitError("backend=native: use session.train_step(batches)")
+
+    def local_gradients(self, batches=None):
+        raise ToolkitError("backend=native has no toolkit exchange (see toolkit/registry.py)")
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.learning_rate.assign(lr) if hasattr(self.optimizer.learning_rate, "assign") \
+            else setattr(self.optimizer, "learning_rate", lr)
 
     def replica_parameters(self) -> list[list]:
         per_variable = [self.strategy.experimental_local_results(v.value) for v in self.model.weights]
         return [[np.asarray(values[r]) for values in per_variable] for r in range(self.replicas)]
 
     # -- collectives over processes, through the strategy's own all-reduce -------------------------
-    def _make_process_sum(self):
-        local = self.replicas
+    def _make_process_sum(self, local: int):
 
         def replica_fn(value):
             ctx = tf.distribute.get_replica_context()

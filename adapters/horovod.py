@@ -1,0 +1,117 @@
+"""Horovod's start-up, shared by every session that runs on Horovod (torch, TensorFlow, MXNet):
+its tuning variables, the import of `horovod.<framework>` with a one-line fix when the build lacks
+it, `hvd.init()` (on an mpi4py communicator when given), the op check, and the GPU per local rank.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from toolkit.errors import ToolkitError
+from toolkit.launch import tuning_env
+
+
+def import_horovod(module: str, framework: str):
+    """`import horovod.<fw>`, turning a missing or partial Horovod build into a one-line fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        if "has not been built" in text or "mpi_lib" in text:
+            raise ToolkitError(f"Horovod was built without {framework} support ({text}); rebuild it "
+                               f"with `toolkit build-horovod --frameworks {framework}` (or `make setup`)") from None
+        if getattr(e, "name", None) == "horovod":
+            raise ToolkitError("Horovod is not installed in this Python; run `make setup` "
+                               "(or `toolkit build-horovod`)") from None
+        raise ToolkitError(f"cannot import {module}: {text}; run `toolkit doctor` for the fix") from None
+
+
+# Horovod's fusion buffer when training on CPUs and nobody chose one: Horovod's 128 MiB copies every
+# gradient into the buffer and back; on CPU cores that copying costs more than the one fused
+# operation saves once tensors are a few MiB (docs/BENCHMARKS.md, "fusion": torch, 10.5M-parameter
+# MLP, 2 ranks: 128 -> 4 MiB was ~1.4x the throughput over Gloo and 1.0-1.1x over MPI).
+CPU_FUSION_THRESHOLD_MB = 4
+
+
+def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
+    """Fusion threshold, cycle time, timeline and stall check from the config, set before
+    `hvd.init()` reads them (Horovod's own environment variables, written by the same
+    `toolkit.launch.tuning_env` as `toolkit launch`'s flags, so both agree).
+    `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
+    fusion_mb = config.fusion_threshold_mb
+    if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
+        fusion_mb = default_fusion_mb
+    if config.timeline_file:        # Horovod does not create the timeline's folder
+        Path(config.timeline_file).resolve().parent.mkdir(parents=True, exist_ok=True)
+    os.environ.update(item.split("=", 1) for item in
+                      tuning_env(fusion_mb, config.cycle_time_ms, timeline=config.timeline_file))
+    if config.stall_check_seconds == 0:
+        os.environ["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    elif config.stall_check_seconds is not None:
+        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(int(config.stall_check_seconds))
+
+
+def launcher_local_size() -> int:
+    """Ranks on this host, from the launcher's environment (for settings made before hvd.init)."""
+    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def threads_per_rank(local_size: int | None = None) -> int:
+    """This host's cores shared between its ranks (known before hvd.init, as MXNet and TF need)."""
+    return max(1, (os.cpu_count() or 1) // (local_size or launcher_local_size()))
+
+
+def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None, comm=None):
+    """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every Horovod session's start.
+    `comm`: an mpi4py communicator Horovod runs on instead of every rank (e.g. the parameter-server
+    job's workers, toolkit/ps.py, or a program that already uses MPI)."""
+    apply_horovod_tuning(config, default_fusion_mb)
+    hvd = import_horovod(module, framework)
+    hvd.init(comm=comm) if comm is not None else hvd.init()
+    check_op(hvd, config)
+    return hvd
+
+
+def check_op(hvd, config) -> None:
+    """What Horovod's Adasum needs, checked after hvd.init() instead of failing inside a step."""
+    if config.op.value != "adasum":
+        return
+    if not hvd.mpi_enabled():
+        raise ToolkitError("op=adasum needs Horovod's MPI controller (Horovod has no Adasum over Gloo); "
+                           "launch with `horovodrun --mpi` or mpirun, or use op: average")
+    if hvd.size() & (hvd.size() - 1):
+        raise ToolkitError(f"op=adasum needs a power-of-2 number of ranks, got {hvd.size()}; "
+                           "change -np or use op: average")
+
+
+def require_gpu_if_asked(has_gpu: bool) -> None:
+    """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
+    if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
+        raise ToolkitError("TOOLKIT_REQUIRE_GPU=1 but the framework sees no GPU; unset it to run on CPU")
+
+
+def gpu_for_local_rank(gpus: int, local_rank: int, local_size: int, allow_cpu: bool) -> int | None:
+    """The GPU this rank pins (its local rank), None for the CPU; more ranks on this host than GPUs
+    is one line with the counts and the fix (CUDA would say `invalid device ordinal`)."""
+    if not gpus:
+        return None
+    if local_size > gpus:
+        if allow_cpu:
+            return None
+        raise ToolkitError(f"{local_size} ranks on this host but {gpus} GPU(s): one GPU per rank; launch at most "
+                           f"{gpus} rank(s) per host (-H host:{gpus}), or set allow_cpu: true to train these ranks "
+                           "on the CPU")
+    return local_rank
+
+
+def reduction(hvd, config):
+    """(compression, op) of Horovod's module `hvd` for the config: Horovod's fp16 compressor or none,
+    and Average / Sum / Adasum. The one mapping from config to Horovod, for every session."""
+    from toolkit.config import Compression, Op
+    compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
+    return compression, {Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: getattr(hvd, "Adasum", None)}[config.op]

@@ -1,0 +1,264 @@
+"""MXNet Gluon through Horovod: `hvd.DistributedTrainer`, plus what its API lacks.
+
+MXNet 1.9.1 is the last release (the project is retired upstream). Horovod's MXNet API has no
+`backward_passes_per_step` and no `op`: the session supplies both. Gradients add up over
+`accumulation_steps` micro-batches (`grad_req='add'`), then one allreduce and one step
+(`Trainer.step(samples)`: the mean over every sample of the k micro-batches, as one large batch);
+`op: sum` is the average times the world size, passed through `Trainer.step`'s batch size. Adasum
+is refused at config time (see toolkit/registry.py). The session's optimizer is Gluon's Trainer
+(what a Gluon user steps); with the toolkit's exchange (compression bf16/int8/topk, local SGD) it
+is a plain local `gluon.Trainer` and toolkit/communication.py moves the gradients. A Gluon loss
+gives one value per sample: `backward(loss)` counts them. Loaders: numpy `(x, y)` arrays, or a
+Gluon `Dataset` read by Gluon's DataLoader with the toolkit's sampler as its batch sampler.
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
+from toolkit.adapters.base import Session, Topology
+from toolkit.adapters.horovod import gpu_for_local_rank, reduction, require_gpu_if_asked, start_horovod, threads_per_rank
+from toolkit.config import Op, Optimizer
+from toolkit.errors import ToolkitError
+
+# MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
+os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank()))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+
+PARAMS_FILE = "model.params"
+STATES_FILE = "trainer.states"
+
+
+class MxnetSession(Session):
+    name = "mxnet"
+    path = "horovod.mxnet DistributedTrainer"
+
+    def _start(self, comm=None) -> Topology:
+        self.hvd = hvd = start_horovod(self.config, "horovod.mxnet", "mxnet", comm=comm)
+        gpus = mx.context.num_gpus()
+        require_gpu_if_asked(gpus > 0)
+        gpu = gpu_for_local_rank(gpus, hvd.local_rank(), hvd.local_size(), self.config.allow_cpu)
+        self.ctx = mx.gpu(gpu) if gpu is not None else mx.cpu()
+        self._samples = 0
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.ctx))
+
+    def _seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        mx.random.seed(seed)
+
+    # -- the user's objects -------------------------------------------------------------------------
+    def builtin_model(self, num_features: int, num_classes: int):
+        from toolkit.adapters.mxnet import models
+        return models.build(self.config, num_features, num_classes)
+
+    def _place(self, model):
+        if not isinstance(model, gluon.Block):
+            raise ToolkitError(f"session.setup(model): expected a Gluon Block, got {type(model).__name__}")
+        params = model.collect_params()
+        if all(p._data is None and p._deferred_init == () for p in params.values()):
+            model.initialize(mx.init.Xavier(), ctx=self.ctx)
+        else:
+            model.collect_params().reset_ctx(self.ctx)
+        deferred = [name for name, p in params.items() if p._data is None]
+        if deferred:
+            raise ToolkitError(f"session.setup(model): parameters of unknown shape ({deferred[0]}, ...: Gluon's "
+                               "deferred initialisation); give the layers in_units/in_channels, or run the model "
+                               "once on a batch before setup")
+        self.params = params
+        # micro-batches add into the gradients; one micro-batch a step overwrites them (no zeroing)
+        self._accumulate = self.config.accumulation_steps > 1 or self.config.toolkit_exchange
+        for p in self._trainable():
+            p.grad_req = "add" if self._accumulate else "write"
+        return model
+
+    def _trainable(self) -> list:
+        return [p for p in self.params.values() if p.grad_req != "null"]
+
+    def _make_optimizer(self, model):
+        c = self.config
+        if c.optimizer is Optimizer.SGD:
+            return mx.optimizer.create("sgd", learning_rate=c.lr, momentum=c.momentum, wd=c.weight_decay)
+        return mx.optimizer.create("adam", learning_rate=c.lr, wd=c.weight_decay)
+
+    def _cross_entropy(self, logits, labels):
+        return self._softmax_ce(logits, labels)
+
+    _softmax_ce = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def _wrap(self) -> None:
+        """The optimizer becomes the Trainer of the model's parameters (Horovod's, or a local one)."""
+        hvd, c = self.hvd, self.config
+        params = {name: p for name, p in self.params.items() if p.grad_req != "null"}
+        if isinstance(self.optimizer, gluon.Trainer):
+            raise ToolkitError("session.setup(model, optimizer): give MXNet an mx.optimizer.Optimizer (or None for "
+                               "the config's); the session makes the Trainer")
+        if c.toolkit_exchange:
+            self.optimizer = gluon.Trainer(params, self.optimizer, kvstore=None, update_on_kvstore=False)
+        else:
+            compression, _ = reduction(hvd, c)      # Horovod's trainer has no op: sum is the step divisor below
+            self.optimizer = hvd.DistributedTrainer(params, self.optimizer, compression=compression)
+        # Trainer.step(n) scales gradients by 1/n and Horovod averages over ranks; for `sum`
+        # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
+        self.step_divisor = 1.0 / hvd.size() if c.op is Op.SUM else 1.0
+
+    def broadcast(self, root: int = 0) -> None:
+        self.hvd.broadcast_parameters(self.params, root_rank=root)
+        # A sync point, as Horovod itself once had here (horovod PR #793): the in-place broadcasts
+        # run asynchronously on MXNet's engine; the trainer's own init broadcast (in save_states /
+        # the first step) must not overlap them. A rare SIGSEGV in EnqueueTensorBroadcast was seen
+        # in CI without it.
+        mx.nd.waitall()
+        # Optimizer state (momentum, Adam moments): rank 0's, through the trainer's own format.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, STATES_FILE)
+            if self.rank == root:
+                self.optimizer.save_states(path)
+            blob = self.broadcast_object(Path(path).read_bytes() if self.rank == root else None,
+                                         name="toolkit.trainer_states", root=root)
+            if self.rank != root:
+                Path(path).write_bytes(blob)
+                self.optimizer.load_states(path)
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set_learning_rate(lr)
+
+    # -- data ---------------------------------------------------------------------------------------
+    dataset_kind = "a Gluon Dataset"
+
+    def _dataset_length(self, data):
+        return len(data) if isinstance(data, gluon.data.Dataset) else None
+
+    def _tensor(self, array):
+        return mx.nd.array(array, ctx=self.ctx, dtype=array.dtype)
+
+    def _dataset_batches(self, data, plan, sampler):
+        reader = gluon.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan],
+                                       num_workers=self.config.loader_workers)
+        for x, y in reader:
+            yield x.as_in_context(self.ctx), y.as_in_context(self.ctx)
+
+    # -- the step -----------------------------------------------------------------------------------
+    def backward(self, loss, tape=None) -> None:
+        """`loss` as Gluon's losses give it, one value per sample (or a mean: one value)."""
+        loss.backward()
+        self._samples += int(loss.size)
+        self.micro += 1
+
+    def _micro_batches(self, batches):
+        """The micro-batches' gradients added into .grad; (mean loss as an NDArray, samples)."""
+        total, samples = None, 0
+        for x, y in batches:
+            with autograd.record():
+                loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            part = loss.mean()
+            total = part if total is None else total + part
+            samples += int(loss.size)
+        return total / len(batches), samples
+
+    def _train_step(self, batches):
+        loss, samples = self._micro_batches(batches)
+        self.optimizer.step(samples * self.step_divisor)   # mean over all micro-batches, allreduced
+        self._zero_grad()
+        return loss
+
+    def _apply_step(self) -> None:
+        self.optimizer.step(self._samples * self.step_divisor)
+        self._zero_grad()
+
+    def _zero_grad(self) -> None:
+        if self._accumulate:
+            for p in self._trainable():
+                p.zero_grad()
+        self._samples = 0
+
+    def local_gradients(self, batches=None):
+        loss, samples = self._micro_batches(batches) if batches is not None else (None, self._samples)
+        grads = [p.grad(self.ctx).asnumpy() / samples for p in self._trainable()]
+        self._zero_grad()
+        return (self.to_float(loss) if loss is not None else None), grads
+
+    def apply_gradients(self, grads) -> None:
+        for p, g in zip(self._trainable(), grads):
+            p.grad(self.ctx)[:] = mx.nd.array(g, ctx=self.ctx, dtype=g.dtype)
+        self.optimizer.step(1)
+        self._zero_grad()
+
+    def weights(self) -> list:
+        return [p.data(self.ctx).asnumpy() for p in self._trainable()]
+
+    def set_weights(self, arrays) -> None:
+        for p, a in zip(self._trainable(), arrays, strict=True):
+            p.set_data(mx.nd.array(a, ctx=self.ctx, dtype=a.dtype))
+
+    def _state_arrays(self) -> list:
+        arrays = [p.data(self.ctx) for p in self._trainable()]
+        states = self.optimizer._updaters[0].states     # optimizer slots by parameter index, made at the first step
+        for index in sorted(states):
+            state = states[index]
+            arrays += [a for a in (state if isinstance(state, (tuple, list)) else [state]) if a is not None]
+        return arrays
+
+    def get_state(self) -> list:
+        return [a.asnumpy() for a in self._state_arrays()]
+
+    def set_state(self, arrays) -> None:
+        for target, a in zip(self._state_arrays(), arrays, strict=True):
+            target[:] = mx.nd.array(a, ctx=self.ctx, dtype=a.dtype)
+
+    def _statistics(self) -> list:
+        return [p for p in self.params.values() if p.grad_req == "null" and np.issubdtype(p.dtype, np.floating)]
+
+    def _buffers(self) -> list:
+        return [p.data(self.ctx).asnumpy() for p in self._statistics()]
+
+    def _set_buffers(self, arrays) -> None:
+        for p, a in zip(self._statistics(), arrays, strict=True):
+            p.set_data(mx.nd.array(a, ctx=self.ctx, dtype=p.dtype))
+
+    def _evaluate_batch(self, x, y):
+        out = self.model(x)
+        loss = self.loss_fn(out, y)
+        total = float(loss.sum().asscalar()) * (len(y) if loss.size == 1 else 1)
+        if len(out.shape) == 2 and len(y.shape) == 1:
+            correct = int((out.argmax(axis=1) == y.astype("float32")).sum().asscalar())
+            return np.array([total, correct, len(y), 0], np.float64)
+        return np.array([total, 0, len(y), 1], np.float64)
+
+    def to_float(self, value) -> float:
+        return float(value.asscalar()) if hasattr(value, "asscalar") else float(value)
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def _save_objects(self, folder: Path) -> None:
+        self.model.save_parameters(str(folder / PARAMS_FILE))
+        self.optimizer.save_states(str(folder / STATES_FILE))
+
+    def _load_objects(self, folder: Path) -> None:
+        self.model.load_parameters(str(folder / PARAMS_FILE), ctx=self.ctx)
+        self.optimizer.load_states(str(folder / STATES_FILE))
+
+    def replica_parameters(self) -> list[list]:
+        return [[p.data(self.ctx).asnumpy() for p in self.params.values()]]
+
+    # -- collectives on numpy -----------------------------------------------------------------------------
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        array = np.ascontiguousarray(array)
+        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average, name=name)
+        return out.asnumpy()
+
+    def allgather(self, array):
+        array = np.ascontiguousarray(array)
+        return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype)).asnumpy()
+
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        out = super().broadcast_object(obj, name, root)
+        mx.nd.waitall()   # MXNet runs it asynchronously: the root must not move on (or exit) before it is sent
+        return out
+

@@ -1,0 +1,40 @@
+"""tf.data for the TensorFlow sessions (numpy `(x, y)` arrays are indexed by the session itself). A
+`tf.data.Dataset` of `(x, y)` samples cannot be indexed, so it is shuffled (same seed
+on every rank, so every rank sees the same order), sharded by replica, batched and skipped to the
+sampler's position: every sample once per epoch across the replicas, the same strided layout as
+the sampler's (replica r takes every world-th sample), and a resume mid-epoch carries on.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from toolkit.errors import ToolkitError
+
+SHUFFLE_BUFFER = 10_000      # tf.data samples shuffled together (the whole dataset when smaller)
+
+
+def length(data) -> int | None:
+    """Samples in a tf.data.Dataset (None for anything else); one that does not know is refused."""
+    if not isinstance(data, tf.data.Dataset):
+        return None
+    n = int(data.cardinality())
+    if n < 0:
+        raise ToolkitError("session.loader(data): this tf.data.Dataset does not know its length (infinite or "
+                           "unknown cardinality); give it one: "
+                           "dataset.apply(tf.data.experimental.assert_cardinality(N))")
+    return n
+
+
+def batches(data, plan, sampler):
+    """Each micro-batch of `plan` as (x, y) tensors (on the default device; Keras places them)."""
+    b, world = sampler.batch_size, sampler.world
+    ds = data
+    if sampler.train and sampler.shuffle:
+        ds = ds.shuffle(min(sampler.n, SHUFFLE_BUFFER), seed=sampler.seed + 1_000_003 * (sampler.epoch + 1),
+                        reshuffle_each_iteration=False)
+    shards = [ds.shard(world, r).batch(b, drop_remainder=sampler.train) for r in sampler.replicas]
+    ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(
+        lambda *parts: tuple(tf.concat([p[i] for p in parts], 0) for i in range(2)))
+    done = sampler.position // (b * world) if sampler.train else 0     # micro-batches already trained
+    for x, y in ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE):
+        yield x, y

@@ -1,0 +1,190 @@
+"""What the Keras 3 sessions share, whatever moves the gradients (Horovod in session.py, TensorFlow's
+strategies in native.py): the model and optimizer, the default loss, data, the backward pass on a
+tape, coupled L2 weight decay, evaluation, the toolkit's exchange on numpy, checkpoints of the
+model's and the optimizer's variables.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from toolkit.adapters.base import Session
+from toolkit.adapters.tensorflow import data
+from toolkit.config import Optimizer
+from toolkit.errors import ToolkitError
+
+WEIGHTS_FILE = "weights.npz"
+OPTIMIZER_FILE = "optimizer.npz"
+
+
+def set_threads(threads: int) -> None:
+    """TensorFlow's op thread pools (before its runtime starts)."""
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def make_optimizer(config, keras_module=keras):
+    """The configured optimizer from `keras_module` (Keras 3, or tf_keras for the legacy path)."""
+    if config.optimizer is Optimizer.SGD:
+        return keras_module.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+    return keras_module.optimizers.Adam(learning_rate=config.lr)
+
+
+def save_arrays(path: Path, arrays) -> None:
+    with open(path, "wb") as f:      # a file object: np.savez would append .npz to a bare name
+        np.savez(f, *arrays)
+
+
+def load_arrays(path: Path) -> list:
+    with np.load(path) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+class KerasSession(Session):
+    """Keras 3 parts of a session; subclasses add the communication (`_start`, `_wrap`, `broadcast`,
+    the collectives) and the steps that reduce gradients."""
+    keras = keras
+
+    def _seed(self, seed: int) -> None:
+        self.keras.utils.set_random_seed(seed)
+
+    def builtin_model(self, num_features: int, num_classes: int):
+        from toolkit.adapters.tensorflow import models
+        return models.build(self.config, num_features, num_classes)
+
+    def _place(self, model):
+        if not isinstance(model, self.keras.Model):
+            raise ToolkitError(f"session.setup(model): expected a {self.keras.__name__}.Model, got {type(model).__name__}")
+        if not model.built:
+            raise ToolkitError("session.setup(model): the Keras model has no weights yet; build it first "
+                               "(keras.Input(...) as its first layer, or model.build(input_shape))")
+        return model
+
+    def _make_optimizer(self, model):
+        return make_optimizer(self.config, self.keras)
+
+    def _cross_entropy(self, logits, labels):
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.learning_rate = lr
+
+    # -- data ---------------------------------------------------------------------------------------
+    dataset_kind = "a tf.data.Dataset of (x, y) samples"
+
+    def _dataset_length(self, dataset):
+        return data.length(dataset)
+
+    def _tensor(self, array):
+        return tf.constant(array)
+
+    def _dataset_batches(self, dataset, plan, sampler):
+        return data.batches(dataset, plan, sampler)
+
+    # -- gradients -----------------------------------------------------------------------------------
+    def backward(self, loss, tape=None) -> None:
+        if tape is None:
+            raise ToolkitError("TensorFlow computes gradients from a tape: compute the loss under "
+                               "`with tf.GradientTape() as tape:` and call session.backward(loss, tape)")
+        k = self.config.accumulation_steps
+        grads = tape.gradient(loss, self.model.trainable_variables)     # (loss / k here would be off the tape)
+        if k > 1:
+            grads = [g / k for g in grads]
+        self._pending = grads if self.micro == 0 else [a + b for a, b in zip(self._pending, grads)]
+        self.micro += 1
+
+    def _with_weight_decay(self, grads):
+        """Coupled L2 (torch's and MXNet's meaning of weight_decay): gradient + wd * weight."""
+        wd = self.config.weight_decay
+        if not wd:
+            return grads
+        return [g + wd * v.value for g, v in zip(grads, self.model.trainable_variables)]
+
+    def _local_sum(self, batches):
+        """Mean loss and summed gradients over the micro-batches (a tuple: unrolled in the graph)."""
+        variables = [v.value for v in self.model.trainable_variables]
+        total, summed = 0.0, None
+        for x, y in batches:
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(self.model(x, training=True), y) / len(batches)
+            grads = tape.gradient(loss, variables)
+            summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
+            total += loss
+        return total, summed
+
+    def local_gradients(self, batches=None):
+        if batches is None:
+            grads, self._pending = self._pending, None
+            return None, [g.numpy() for g in grads]
+        loss, grads = self._local_gradients_fn(tuple(batches))
+        return loss, [g.numpy() for g in grads]
+
+    def apply_gradients(self, grads) -> None:
+        self._apply_local_fn([tf.constant(g) for g in grads])
+
+    def weights(self) -> list:
+        return [v.numpy() for v in self.model.trainable_variables]
+
+    def set_weights(self, arrays) -> None:
+        for v, a in zip(self.model.trainable_variables, arrays, strict=True):
+            v.assign(a)
+
+    def _state_variables(self) -> list:
+        slots = [v for v in self.optimizer.variables
+                 if v.dtype.startswith("float") and not v.path.endswith(("/iteration", "/learning_rate"))]
+        return list(self.model.trainable_variables) + slots
+
+    def get_state(self) -> list:
+        return [v.numpy() for v in self._state_variables()]
+
+    def set_state(self, arrays) -> None:
+        for v, a in zip(self._state_variables(), arrays, strict=True):
+            v.assign(a)
+
+    def _statistics(self) -> list:
+        return [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
+
+    def _buffers(self) -> list:
+        return [v.numpy() for v in self._statistics()]
+
+    def _set_buffers(self, arrays) -> None:
+        for v, a in zip(self._statistics(), arrays, strict=True):
+            v.assign(np.asarray(a, v.dtype))
+
+    def _evaluate_batch(self, x, y):
+        out = self.model(x, training=False)
+        loss = float(self.loss_fn(out, y)) * int(tf.shape(y)[0])
+        if len(out.shape) == 2 and len(y.shape) == 1 and y.dtype.is_integer:
+            correct = int(tf.reduce_sum(tf.cast(tf.argmax(out, axis=1) == tf.cast(y, tf.int64), tf.int32)))
+            return np.array([loss, correct, int(tf.shape(y)[0]), 0], np.float64)
+        return np.array([loss, 0, int(tf.shape(y)[0]), 1], np.float64)
+
+    def to_float(self, value) -> float:
+        return float(value)
+
+    # -- checkpoints, elastic ------------------------------------------------------------------------------
+    def _save_objects(self, folder: Path) -> None:
+        save_arrays(folder / WEIGHTS_FILE, self.model.get_weights())
+        save_arrays(folder / OPTIMIZER_FILE, [v.numpy() for v in self.optimizer.variables])
+
+    def _load_objects(self, folder: Path) -> None:
+        self.model.set_weights(load_arrays(folder / WEIGHTS_FILE))
+        state = load_arrays(folder / OPTIMIZER_FILE)
+        if len(state) != len(self.optimizer.variables):
+            raise ValueError(f"{OPTIMIZER_FILE} holds {len(state)} arrays, the optimizer has "
+                             f"{len(self.optimizer.variables)} (another optimizer or model?)")
+        for v, value in zip(self.optimizer.variables, state):
+            v.assign(value)
+
+    def snapshot(self):
+        return [v.numpy() for v in self.model.variables + list(self.optimizer.variables)]
+
+    def restore(self, snapshot) -> None:
+        for v, a in zip(self.model.variables + list(self.optimizer.variables), snapshot, strict=True):
+            v.assign(a)
+
+    def replica_parameters(self) -> list[list]:
+        return [self.model.get_weights()]

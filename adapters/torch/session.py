@@ -1,0 +1,228 @@
+"""PyTorch through Horovod: `hvd.DistributedOptimizer` with compression, accumulation and op.
+
+The session moves the user's module to this rank's device (one GPU per local rank, else the CPU),
+broadcasts its parameters, buffers and the optimizer's state from rank 0, and wraps the optimizer
+in Horovod's DistributedOptimizer (`backward_passes_per_step` = accumulation_steps). With the
+toolkit's exchange (compression bf16/int8/topk, local SGD) the optimizer stays local and
+toolkit/communication.py moves the gradients through `local_gradients` / `apply_gradients`.
+Loaders: numpy `(x, y)` arrays are indexed directly; a `torch.utils.data.Dataset` is read by
+torch's own DataLoader (workers, pinned memory on a GPU) with the toolkit's sampler as its batch
+sampler.
+"""
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from toolkit.adapters.base import Session, Topology
+from toolkit.adapters.horovod import (CPU_FUSION_THRESHOLD_MB, gpu_for_local_rank, reduction, require_gpu_if_asked,
+                                      start_horovod, threads_per_rank)
+from toolkit.config import Optimizer
+from toolkit.errors import ToolkitError
+
+STATE_FILE = "state.pt"
+
+
+class TorchSession(Session):
+    name = "torch"
+    path = "horovod.torch DistributedOptimizer"
+
+    def _start(self, comm=None) -> Topology:
+        config = self.config
+        has_gpu = torch.cuda.is_available()
+        # measured on torch only (docs/BENCHMARKS.md); GPUs keep Horovod's default for NCCL
+        self.hvd = hvd = start_horovod(config, "horovod.torch", "torch",
+                                       default_fusion_mb=None if has_gpu else CPU_FUSION_THRESHOLD_MB, comm=comm)
+        torch.set_num_threads(threads_per_rank())
+        require_gpu_if_asked(has_gpu)
+        gpu = gpu_for_local_rank(torch.cuda.device_count() if has_gpu else 0, hvd.local_rank(), hvd.local_size(),
+                                 config.allow_cpu)
+        if gpu is not None:
+            torch.cuda.set_device(gpu)
+            self.torch_device = torch.device("cuda", gpu)
+        else:
+            self.torch_device = torch.device("cpu")
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.torch_device))
+
+    def _seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    # -- the user's objects -------------------------------------------------------------------------
+    def builtin_model(self, num_features: int, num_classes: int):
+        from toolkit.adapters.torch import models
+        return models.build(self.config, num_features, num_classes)
+
+    def _place(self, model):
+        if not isinstance(model, torch.nn.Module):
+            raise ToolkitError(f"session.setup(model): expected a torch.nn.Module, got {type(model).__name__}")
+        return model.to(self.torch_device)
+
+    def _make_optimizer(self, model):
+        c = self.config
+        if c.optimizer is Optimizer.SGD:
+            return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+
+    def _cross_entropy(self, logits, labels):
+        return F.cross_entropy(logits, labels)
+
+    def _wrap(self) -> None:
+        if self.config.toolkit_exchange:
+            return
+        compression, op = reduction(self.hvd, self.config)
+        self.optimizer = self.hvd.DistributedOptimizer(
+            self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
+            backward_passes_per_step=self.config.accumulation_steps, op=op)
+
+    def broadcast(self, root: int = 0) -> None:
+        # Optimizer state first: Horovod fills an empty state with a zero-gradient step, which
+        # must not touch parameters after they are made equal.
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=root)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=root)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _train_mode(self, training: bool) -> None:
+        self.model.train(training)
+
+    # -- data ---------------------------------------------------------------------------------------
+    dataset_kind = "a torch.utils.data.Dataset with a length"
+
+    def _dataset_length(self, data):
+        return len(data) if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__") else None
+
+    def _tensor(self, array):
+        return self._to_device(torch.from_numpy(array))
+
+    def _dataset_batches(self, data, plan, sampler):
+        gpu = self.torch_device.type == "cuda"
+        reader = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan],
+                                             num_workers=self.config.loader_workers, pin_memory=gpu)
+        for batch in reader:
+            x, y = batch
+            yield self._to_device(x), self._to_device(y)
+
+    def _to_device(self, tensor):
+        return tensor.to(self.torch_device, non_blocking=True)
+
+    # -- the step -----------------------------------------------------------------------------------
+    def backward(self, loss, tape=None) -> None:
+        k = self.config.accumulation_steps
+        (loss / k if k > 1 else loss).backward()
+        self.micro += 1
+
+    def _micro_batches(self, batches):
+        """Mean loss of the micro-batches (a device tensor, no host sync) with their gradients in .grad."""
+        if not self.model.training:
+            self.model.train()
+        self.optimizer.zero_grad()
+        total = None
+        for x, y in batches:
+            loss = self.loss_fn(self.model(x), y)
+            if len(batches) > 1:
+                loss = loss / len(batches)
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
+    def _train_step(self, batches):
+        loss = self._micro_batches(batches)
+        self.optimizer.step()
+        return loss
+
+    def _apply_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def _trainable(self) -> list:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def local_gradients(self, batches=None):
+        loss = self._micro_batches(batches) if batches is not None else None
+        grads = [p.grad.detach().cpu().numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                 for p in self._trainable()]
+        return loss, grads
+
+    def apply_gradients(self, grads) -> None:
+        for p, g in zip(self._trainable(), grads):
+            p.grad = torch.from_numpy(np.ascontiguousarray(g)).to(p.device)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def weights(self) -> list:
+        return [p.detach().cpu().numpy() for p in self._trainable()]
+
+    @torch.no_grad()
+    def set_weights(self, arrays) -> None:
+        for p, a in zip(self._trainable(), arrays, strict=True):
+            p.copy_(torch.from_numpy(a))
+
+    def _state_tensors(self) -> list:
+        params = self._trainable()
+        slots = [self.optimizer.state[p] for p in params]
+        return params + [s[k] for s in slots for k in sorted(s) if torch.is_tensor(s[k])]
+
+    def get_state(self) -> list:
+        return [t.detach().cpu().numpy() for t in self._state_tensors()]
+
+    @torch.no_grad()
+    def set_state(self, arrays) -> None:
+        for t, a in zip(self._state_tensors(), arrays, strict=True):
+            t.copy_(torch.from_numpy(a))
+
+    def _buffers(self) -> list:
+        return [b.detach().cpu().numpy() for b in self.model.buffers() if b.is_floating_point()]
+
+    @torch.no_grad()
+    def _set_buffers(self, arrays) -> None:
+        for b, a in zip([b for b in self.model.buffers() if b.is_floating_point()], arrays, strict=True):
+            b.copy_(torch.from_numpy(np.asarray(a, np.float32)).to(b.dtype))
+
+    @torch.no_grad()
+    def _evaluate_batch(self, x, y):
+        out = self.model(x)
+        loss = float(self.loss_fn(out, y)) * len(y)
+        if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
+            return np.array([loss, int((out.argmax(1) == y).sum()), len(y), 0], np.float64)
+        return np.array([loss, 0, len(y), 1], np.float64)
+
+    # -- checkpoints, elastic, uneven data ----------------------------------------------------------------
+    def _save_objects(self, folder: Path) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, folder / STATE_FILE)
+
+    def _load_objects(self, folder: Path) -> None:
+        state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def snapshot(self):
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+
+    def restore(self, snapshot) -> None:
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+
+    def join(self) -> int:
+        return self.hvd.join()
+
+    def replica_parameters(self) -> list[list]:
+        return [[v.detach().cpu().numpy() for v in self.model.state_dict().values()]]
+
+    # -- collectives on numpy -----------------------------------------------------------------------------
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
+                                 op=self.hvd.Average if average else self.hvd.Sum, name=name)
+        return out.numpy()
+
+    def allgather(self, array):
+        return self.hvd.allgather(torch.from_numpy(np.ascontiguousarray(array))).numpy()
+

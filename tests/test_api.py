@@ -1,0 +1,140 @@
+"""The public API with a user's own model, data and loop (tests/user_loop.py), and the built-in script
+with a user's own code (`--model/--dataset pkg.module:fn`, tests/user_code.py): real 2-rank jobs in
+every framework.
+"""
+import json
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, summary, train_job
+from tests.test_distributed import fw  # noqa: F401  (a fixture: skips a framework whose Horovod is missing)
+
+pytestmark = pytest.mark.distributed
+LOOP = [sys.executable, str(ROOT / "tests" / "user_loop.py")]
+USER = str(ROOT / "tests" / "user_code.py")
+
+
+def user_loop(fw, out, *args, ranks=2, timeout=300) -> dict:
+    """tests/user_loop.py on `ranks` ranks (toolkit launch, Gloo); rank 0's record and final weights."""
+    argv = LOOP + ["--framework", fw, "--out", out, *args]
+    if ranks > 1:
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
+                *argv]
+    proc = run(argv, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    record = json.loads(open(out).read())
+    with np.load(str(out) + ".npz") as saved:
+        record["weights"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    return record
+
+
+def seen_per_epoch(*records) -> dict:
+    """{epoch: Counter of sample indices} over every rank of the given runs."""
+    counts: dict = {}
+    for record in records:
+        for per_rank in record["seen"]:
+            for epoch, indices in per_rank.items():
+                counts.setdefault(int(epoch), Counter()).update(indices)
+    return counts
+
+
+def max_diff(a, b) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+
+def test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once(fw, tmp_path):
+    out = user_loop(fw, tmp_path / "out.json", "--epochs", "2")
+    assert len(set(out["initial_digests"])) == 2, "ranks must start from different weights"
+    assert len(out["final_digests"]) == 2 and len(set(out["final_digests"])) == 1, out["final_digests"]
+    n, steps_per_epoch = out["n"], 512 // (2 * 16)
+    for epoch, counts in seen_per_epoch(out).items():
+        assert set(counts.values()) == {1}, f"epoch {epoch}: a sample seen twice"
+        assert len(counts) == steps_per_epoch * 2 * 16 == n, f"epoch {epoch}: {n - len(counts)} samples not seen"
+
+
+def test_accumulation_equals_one_large_batch(fw, tmp_path):
+    """2 ranks x accumulation 2 x batch 8 == 1 rank x batch 32 (plain SGD steps: no BatchNorm, whose
+    statistics depend on the micro-batch)."""
+    common = ["--no-bn", "--epochs", "1"]
+    small = user_loop(fw, tmp_path / "acc.json", *common, "--batch-size", "8", "--accumulation-steps", "2")
+    large = user_loop(fw, tmp_path / "big.json", *common, "--batch-size", "32", ranks=1)
+    assert small["steps"] == large["steps"] == 512 // 32
+    assert max_diff(small["weights"], large["weights"]) < 1e-6
+    other = user_loop(fw, tmp_path / "other.json", *common, "--batch-size", "16", ranks=1)
+    assert max_diff(other["weights"], large["weights"]) > 1e-3, "the comparison must be able to fail"
+
+
+def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_once(fw, tmp_path):
+    # 16 steps an epoch; save after 10 (mid-epoch 0) in both runs, so both sync BatchNorm's statistics there
+    whole = user_loop(fw, tmp_path / "whole.json", "--epochs", "2", "--save-at", "10",
+                      "--checkpoint-dir", tmp_path / "a")
+    cut = user_loop(fw, tmp_path / "cut.json", "--epochs", "2", "--save-at", "10", "--stop-at", "10",
+                    "--checkpoint-dir", tmp_path / "b")
+    assert cut["steps"] == 10
+    rest = user_loop(fw, tmp_path / "rest.json", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--resume")
+    assert rest["steps"] == whole["steps"] == 32
+    assert max_diff(rest["weights"], whole["weights"]) < 1e-6
+    assert rest["final_digests"] == whole["final_digests"]
+    counts = seen_per_epoch(cut, rest)       # epoch 0: the cut run's part and the resumed run's rest
+    assert set(counts[0].values()) == {1} and len(counts[0]) == 512 and len(counts[1]) == 512
+
+
+def test_the_built_in_script_trains_a_user_module(fw, tmp_path):
+    out = train_job("gloo", ["--framework", fw, "--model", f"{USER}:build", "--dataset", f"{USER}:load",
+                             "--epochs", "4", "--batch-size", "16", "--checkpoint-dir", tmp_path])
+    assert_replicas(out)
+    assert out["accuracy"] > 0.6, out       # 4 classes: chance is 0.25
+    assert out["steps"] == 4 * (384 // (2 * 16))
+
+
+@pytest.mark.parametrize("model, dataset, needles", [
+    ("no_such_module_xyz:build", None, ["model='no_such_module_xyz:build'", "no module named", "PYTHONPATH"]),
+    (f"{USER}:nope", None, ["has no `nope`", "def nope(config)"]),
+    (f"{USER}:FEATURES", None, ["is a int, not a function"]),
+    ("tests/no_such_file.py:build", None, ["no file tests/no_such_file.py"]),
+    (f"{USER}:not_a_model", None, ["build(config) returned a dict", "expected a torch.nn.Module"]),
+    (None, f"{USER}:build", ["dataset=", "load(config) must return (train, eval)"]),
+    ("mlp", f"{USER}:not_datasets", ["load(config) must return (train, eval), got a list"]),
+])
+def test_bad_references_are_one_line_errors(model, dataset, needles):
+    args = ["--framework", "torch", "--epochs", "1"]
+    args += ["--model", model] if model else []
+    args += ["--dataset", dataset] if dataset else []
+    one_line_error(run(TRAIN + args, timeout=120), *needles)
+
+
+def test_more_ranks_on_a_host_than_gpus_is_one_line_naming_the_counts():
+    from toolkit.adapters.horovod import gpu_for_local_rank
+    from toolkit.errors import ToolkitError
+    assert gpu_for_local_rank(0, 1, 2, allow_cpu=False) is None           # no GPU: the CPU
+    assert gpu_for_local_rank(2, 1, 2, allow_cpu=False) == 1
+    assert gpu_for_local_rank(1, 1, 2, allow_cpu=True) is None            # allowed: the CPU
+    with pytest.raises(ToolkitError, match=r"2 ranks on this host but 1 GPU\(s\).*-H host:1.*allow_cpu"):
+        gpu_for_local_rank(1, 1, 2, allow_cpu=False)
+
+
+@pytest.mark.parametrize("fw, script", [("torch", "your_torch.py"), ("tensorflow", "your_keras.py"),
+                                        ("mxnet", "your_mxnet.py")], indirect=["fw"])
+def test_the_your_script_examples_train_under_horovodrun(fw, script):
+    """examples/your_*.py: a single-process script with a handful of lines changed, on 2 ranks."""
+    out = summary(run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
+                       sys.executable, ROOT / "examples" / script], timeout=300))
+    assert out["framework"] == fw and out["world_size"] == 2
+    assert len(out["final_digests"]) == 2 and len(set(out["final_digests"])) == 1
+    assert out["accuracy"] > 0.85, out
+
+
+def test_the_built_in_script_uses_the_users_loss(tmp_path):
+    """The same model and data, with the module's label-smoothing `loss` and without it (a module
+    that only re-exports build and load): different training, and smoothing keeps the loss higher."""
+    (tmp_path / "no_loss.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                                         "from tests.user_code import build, load\n")
+    common = ["--framework", "torch", "--epochs", "3", "--batch-size", "16"]
+    smoothed = train_job("single", common + ["--model", f"{USER}:build", "--dataset", f"{USER}:load"])
+    plain = train_job("single", common + ["--model", f"{tmp_path / 'no_loss.py'}:build",
+                                          "--dataset", f"{tmp_path / 'no_loss.py'}:load"])
+    assert smoothed["final_loss"] > plain["final_loss"] + 0.05, (smoothed["final_loss"], plain["final_loss"])
+    assert smoothed["param_digest"] != plain["param_digest"]

@@ -1,0 +1,127 @@
+"""A user's own training loop on the public API, in each framework (tests/test_api.py runs it under
+horovodrun). Its samples carry their index (the first input feature is index / N), so the test can
+count what every rank saw; it can stop after some steps with a checkpoint and resume from it.
+
+    horovodrun -np 2 python tests/user_loop.py --framework torch --epochs 2 --out out.json
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import toolkit  # noqa: E402
+from tests import user_code  # noqa: E402
+
+
+def indexed(framework: str):
+    """(the training dataset in the framework's own form, N)."""
+    x, y = user_code.arrays()
+    x[:, 0] = np.arange(len(x), dtype=np.float32) / len(x)        # the index travels with the sample
+    if framework == "torch":
+        import torch
+        data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    elif framework == "tensorflow":
+        import tensorflow as tf
+        data = tf.data.Dataset.from_tensor_slices((x, y))
+    else:
+        from mxnet import gluon
+        data = gluon.data.ArrayDataset(x, y.astype(np.float32))
+    return data, len(x)
+
+
+def plain_model(framework: str):
+    """The test model without BatchNorm (whose statistics depend on the micro-batch)."""
+    if framework == "torch":
+        import torch
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if framework == "tensorflow":
+        import keras
+        return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
+    from mxnet import gluon
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(32, activation="relu", in_units=16), gluon.nn.Dense(4, in_units=32))
+    return net
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--framework", required=True)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--accumulation-steps", type=int, default=1)
+    p.add_argument("--no-bn", action="store_true", help="the model without BatchNorm")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--save-at", type=int, default=0, help="also save a checkpoint after this many optimizer steps")
+    p.add_argument("--stop-at", type=int, default=0, help="exit right after that checkpoint (an interrupted run)")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--out", required=True, help="rank 0 writes what the test checks here (JSON + weights .npz)")
+    a = p.parse_args()
+
+    session = toolkit.start(framework=a.framework, batch_size=a.batch_size, accumulation_steps=a.accumulation_steps,
+                            optimizer="sgd", momentum=0.9, lr=0.05, checkpoint_dir=a.checkpoint_dir, resume=a.resume)
+    with session.scope():
+        model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
+    model, optimizer = session.setup(model)
+    initial = [d for per in session.allgather_object(session.local_digests, name="initial") for d in per]
+    data, n = indexed(a.framework)
+    loader = session.loader(data)
+    start = session.load()["epoch"] if a.resume else 0
+    seen, steps = {}, session.global_step
+    for epoch in range(start, a.epochs):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            seen.setdefault(epoch, []).extend(int(round(float(v) * n)) for v in host(x)[:, 0])
+            session.backward(*loss_and_tape(a.framework, session, model, x, y))
+            if session.step():
+                steps += 1
+                if steps == a.save_at:
+                    session.save(epoch=epoch)
+                    if steps == a.stop_at:
+                        return finish(session, a, initial, seen, n)
+    return finish(session, a, initial, seen, n)
+
+
+def host(tensor) -> np.ndarray:
+    for read in ("asnumpy", "numpy", "cpu"):
+        if hasattr(tensor, read):
+            out = getattr(tensor, read)()
+            return out if isinstance(out, np.ndarray) else out.numpy()
+    return np.asarray(tensor)
+
+
+def loss_and_tape(framework: str, session, model, x, y):
+    """The user's forward pass, as each framework writes it: (loss,) or (loss, tape)."""
+    if framework == "torch":
+        import torch.nn.functional as F
+        model.train()
+        return (F.cross_entropy(model(x), y),)
+    if framework == "tensorflow":
+        import keras
+        import tensorflow as tf
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=True),
+                                                                             from_logits=True))
+        return loss, tape
+    from mxnet import autograd, gluon
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(model(x), y)
+    return (loss,)
+
+
+def finish(session, a, initial, seen, n) -> int:
+    seen_all = session.allgather_object(seen, name="seen")
+    final = session.check_replicas()
+    weights = session.weights()
+    if session.is_main:
+        np.savez(a.out + ".npz", *weights)
+        Path(a.out).write_text(json.dumps({"initial_digests": initial, "final_digests": final, "n": n,
+                                           "seen": seen_all, "steps": session.global_step}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
