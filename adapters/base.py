@@ -21,13 +21,14 @@ something the config asks, its session says so in one line when it starts.
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from toolkit import checkpoint, schedule
+from toolkit import checkpoint, numerics, schedule
 from toolkit.data import Sampler, is_arrays
 from toolkit.errors import ToolkitError
 
@@ -112,6 +113,9 @@ class Session(abc.ABC):
         self.loaders: list[Loader] = []
         self.micro = 0              # micro-batches since the last optimizer step (accumulation)
         self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
+        self.grad_norm = None       # the last step's reduced gradient norm, before clipping (where measured)
+        self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
+        self.skipped_steps = 0
         self.communication = None    # toolkit.communication.Communication, made by setup()
         self.local_digests: list[str] = []
         self._metrics = None
@@ -230,6 +234,7 @@ class Session(abc.ABC):
         self.communication.finish_step(self.global_step)
         self.micro = 0
         self.global_step += 1
+        self._guard(None)
         return True
 
     def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
@@ -237,7 +242,31 @@ class Session(abc.ABC):
         and loss: the local mean loss (a host value; the built-in trainer's step)."""
         loss = self.communication.step(batches, self.global_step)
         self.global_step += 1
+        self._guard(loss)
         return loss
+
+    @property
+    def measures_norm(self) -> bool:
+        """Whether a step computes the reduced gradient's norm (to clip it, or for the NaN guard)."""
+        return self.config.clip_grad_norm is not None or self.config.nan_guard
+
+    def _guard(self, loss) -> None:
+        """nan_guard: the step's reduced gradient norm (else its loss) must be finite (toolkit/numerics.py)."""
+        if self.step_skipped:       # fp16 loss scaling: an overflow is skipped on every rank, not an error
+            self.skipped_steps += 1
+            self.step_skipped = False
+            return
+        if not self.config.nan_guard:
+            return
+        if self.grad_norm is not None:
+            numerics.check(self.global_step, self.to_float(self.grad_norm), "reduced gradient norm")
+        elif loss is not None:
+            numerics.check(self.global_step, self.to_float(loss), "loss")
+
+    def autocast(self):
+        """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:
+        its global mixed policy, set at start, so nothing here)."""
+        return contextlib.nullcontext()
 
     def to_float(self, value) -> float:
         """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""

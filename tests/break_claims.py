@@ -31,7 +31,7 @@ class Mutant:
 
 
 D, C, P = "tests/test_distributed.py", "tests/test_distributed_communication.py", "tests/test_ps.py"
-A = "tests/test_api.py"
+A, N = "tests/test_api.py", "tests/test_numerics.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/trainer.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -129,6 +129,16 @@ MUTANTS = [
            (("toolkit/trainer.py", "if rank != 0 or config.quiet or not sys.stderr.isatty():",
              "if rank != 0 or config.quiet:"),),
            ("tests/test_observability.py::test_progress_bar_on_a_terminal_only",)),
+    Mutant("clip-before-reduce", "clip_grad_norm clips the reduced gradient (with accumulation: the large batch's)",
+           (("adapters/torch/session.py", "        self.optimizer.synchronize()\n        params = [p for p in self._trainable() if p.grad is not None]",
+             "        params = [p for p in self._trainable() if p.grad is not None]"),
+            ("adapters/torch/session.py", "        with self.optimizer.skip_synchronize():\n            self.optimizer.step()",
+             "        self.optimizer.step()")),
+           (f"{N}::test_clipping_bounds_the_reduced_gradient_and_with_accumulation_equals_the_large_batch[torch]",)),
+    Mutant("nan-guard-off", "a non-finite step stops every rank with one line and saves nothing",
+           (("adapters/base.py", "        if not self.config.nan_guard:\n            return\n        if self.grad_norm",
+             "        if True:\n            return\n        if self.grad_norm"),),
+           (f"{N}::test_a_diverging_run_stops_every_rank_at_the_same_step_and_saves_nothing[torch]",)),
 ]
 
 

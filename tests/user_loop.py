@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -58,11 +59,21 @@ def main() -> int:
     p.add_argument("--save-at", type=int, default=0, help="also save a checkpoint after this many optimizer steps")
     p.add_argument("--stop-at", type=int, default=0, help="exit right after that checkpoint (an interrupted run)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another config key")
+    p.add_argument("--train-step", action="store_true", help="step with session.train_step (the built-in "
+                   "trainer's verb) instead of backward/step")
+    p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
+                   "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
+    p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
     p.add_argument("--out", required=True, help="rank 0 writes what the test checks here (JSON + weights .npz)")
     a = p.parse_args()
 
+    keys = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in a.set)}
     session = toolkit.start(framework=a.framework, batch_size=a.batch_size, accumulation_steps=a.accumulation_steps,
-                            optimizer="sgd", momentum=0.9, lr=0.05, checkpoint_dir=a.checkpoint_dir, resume=a.resume)
+                            optimizer="sgd", momentum=a.momentum, lr=a.lr, checkpoint_dir=a.checkpoint_dir,
+                            resume=a.resume, **keys)
     with session.scope():
         model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
     model, optimizer = session.setup(model)
@@ -71,6 +82,8 @@ def main() -> int:
     loader = session.loader(data)
     start = session.load()["epoch"] if a.resume else 0
     seen, steps = {}, session.global_step
+    if a.train_step or a.record_steps or a.poison_step >= 0:
+        return stepwise(session, loader, a, initial, seen, n)
     for epoch in range(start, a.epochs):
         loader.set_epoch(epoch)
         for x, y in loader:
@@ -85,6 +98,28 @@ def main() -> int:
     return finish(session, a, initial, seen, n)
 
 
+def stepwise(session, loader, a, initial, seen, n) -> int:
+    """Whole steps, with session.train_step or backward/step, recording each one's applied update
+    and the reduced gradient norm the session measured."""
+    updates, norms = [], []
+    for epoch in range(a.epochs):
+        loader.set_epoch(epoch)
+        for batches in loader.steps():
+            before = session.weights()
+            if a.train_step:
+                session.train_step(batches)
+            else:
+                scale = float("inf") if session.global_step == a.poison_step else 1.0
+                for x, y in batches:
+                    session.backward(*loss_and_tape(a.framework, session, session.model, x, y, scale))
+                assert session.step()
+            if a.record_steps:
+                delta = [w1 - w0 for w0, w1 in zip(before, session.weights())]
+                updates.append(float(np.sqrt(sum(float((d.astype(np.float64) ** 2).sum()) for d in delta))) / a.lr)
+                norms.append(None if session.grad_norm is None else session.to_float(session.grad_norm))
+    return finish(session, a, initial, seen, n, updates=updates, norms=norms, skipped_steps=session.skipped_steps)
+
+
 def host(tensor) -> np.ndarray:
     for read in ("asnumpy", "numpy", "cpu"):
         if hasattr(tensor, read):
@@ -93,33 +128,36 @@ def host(tensor) -> np.ndarray:
     return np.asarray(tensor)
 
 
-def loss_and_tape(framework: str, session, model, x, y):
+def loss_and_tape(framework: str, session, model, x, y, scale: float = 1.0):
     """The user's forward pass, as each framework writes it: (loss,) or (loss, tape)."""
     if framework == "torch":
         import torch.nn.functional as F
         model.train()
-        return (F.cross_entropy(model(x), y),)
+        with session.autocast():
+            return (F.cross_entropy(model(x), y) * scale,)
     if framework == "tensorflow":
         import keras
         import tensorflow as tf
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=True),
-                                                                             from_logits=True))
+            logits = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)) * scale
         return loss, tape
     from mxnet import autograd, gluon
     with autograd.record():
-        loss = gluon.loss.SoftmaxCrossEntropyLoss()(model(x), y)
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(model(x), y) * scale
     return (loss,)
 
 
-def finish(session, a, initial, seen, n) -> int:
+def finish(session, a, initial, seen, n, **extra) -> int:
     seen_all = session.allgather_object(seen, name="seen")
     final = session.check_replicas()
     weights = session.weights()
+    state = session.replica_parameters()[0]     # parameters and buffers (BatchNorm's statistics)
     if session.is_main:
         np.savez(a.out + ".npz", *weights)
+        np.savez(a.out + ".state.npz", *state)
         Path(a.out).write_text(json.dumps({"initial_digests": initial, "final_digests": final, "n": n,
-                                           "seen": seen_all, "steps": session.global_step}))
+                                           "seen": seen_all, "steps": session.global_step, **extra}))
     return 0
 
 

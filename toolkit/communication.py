@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolkit import numerics
 from toolkit.compression import GradientExchange, flatten, make, unflatten
 from toolkit.config import Compression, Config, Op, Sync
 
@@ -40,6 +41,7 @@ class Communication:
         self.toolkit = config.toolkit_exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
         self.warmup_steps = config.sync_warmup_steps
+        self.clip_grad_norm = config.clip_grad_norm
         self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio),
                                          bool(config.error_feedback), average=config.op is not Op.SUM) \
             if self.toolkit else None
@@ -76,14 +78,20 @@ class Communication:
     def _exchange(self, grads, step: int) -> None:
         self.steps += 1
         if self.local_steps and step >= self.warmup_steps:
-            self.session.apply_gradients(grads)
+            self.session.apply_gradients(self._clip(grads))
             self.since_average += 1
             if self.since_average == self.local_steps:
                 self.average_models()
         else:
             grads = self.exchange.exchange(grads, self.session, self.world)
             self.bytes_sent += self.exchange.last_bytes
-            self.session.apply_gradients(grads)
+            self.session.apply_gradients(self._clip(grads))
+
+    def _clip(self, grads: list) -> list:
+        """The reduced (local SGD: this rank's) gradients clipped to clip_grad_norm; their norm to the session."""
+        if self.session.measures_norm:
+            grads, self.session.grad_norm = numerics.clip(grads, self.clip_grad_norm)
+        return grads
 
     def end_epoch(self) -> None:
         """Local SGD: one model on every rank before evaluation and checkpoints."""

@@ -86,6 +86,12 @@ class Strategy(str, enum.Enum):
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"  # one process per worker, TF_CONFIG
 
 
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"           # autocast / a mixed policy; no loss scaling needed
+    FP16 = "fp16"           # autocast with dynamic loss scaling (torch's GradScaler)
+
+
 class Op(str, enum.Enum):
     AVERAGE = "average"
     SUM = "sum"
@@ -140,6 +146,17 @@ class Config:
                                            "parameters k updates old by k + 1")
     accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
     op: Op = _f(Op.AVERAGE, "gradient reduction")
+    precision: Precision = _f(Precision.FP32, "the forward pass's arithmetic: fp32, bf16 (torch autocast, Keras's "
+                                              "mixed_bfloat16 policy) or fp16 (torch autocast with loss scaling); "
+                                              "weights and the optimizer stay fp32")
+    sync_batchnorm: bool = _f(False, "BatchNorm layers normalise with the statistics of every rank's batch "
+                                     "(torch: the toolkit's SyncBatchNorm on Horovod; Keras 3: its "
+                                     "BatchNormalization with moments allreduced, or synchronized=True under a "
+                                     "strategy)")
+    clip_grad_norm: Optional[float] = _f(None, "clip the reduced gradient (after the allreduce, over the whole "
+                                               "accumulated step) to this global L2 norm; unset = no clipping")
+    nan_guard: bool = _f(True, "stop every rank with one line when a step's reduced gradient norm (or its loss) "
+                               "is NaN or infinite, before anything is saved; costs one host read per step")
     seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r")
     checkpoint_dir: Optional[str] = _f(None, "rank 0 writes checkpoints and config.yaml here")
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
@@ -208,6 +225,9 @@ class Config:
         if self.cycle_time_ms is not None and not self.cycle_time_ms > 0:
             _bad("cycle_time_ms", self.cycle_time_ms, "must be > 0, or unset for Horovod's default", example="5")
         self._check_communication()
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            _bad("clip_grad_norm", self.clip_grad_norm, "must be > 0 (the largest global gradient norm), or unset "
+                 "for no clipping", example="1.0")
         if self.stall_check_seconds is not None and self.stall_check_seconds < 0:
             _bad("stall_check_seconds", self.stall_check_seconds, "must be >= 0 (0 turns the check off)",
                  example="120")
@@ -304,6 +324,21 @@ class Config:
         if self.sync is Sync.LOCAL_SGD and self.local_steps is None:
             object.__setattr__(self, "local_steps", 4)
 
+    def _check_clipping(self, impl) -> None:
+        """clip_grad_norm clips the reduced gradient: refused where there is none to clip."""
+        where = f"framework={self.framework!r} with backend={self.backend.value!r}" + \
+            (f" keras={self.keras.value!r}" if self.keras is not Keras.KERAS3 else "")
+        if impl.clip:
+            raise ToolkitError(f"clip_grad_norm is not available for {where} ({impl.clip}); use backend: horovod "
+                               "with keras: keras3, or drop clip_grad_norm")
+        if self.op is Op.ADASUM:
+            raise ToolkitError("clip_grad_norm with op=adasum: Adasum combines the ranks' updates, there is no "
+                               "reduced gradient to clip; use op: average, or drop clip_grad_norm")
+        if self.sync in PS_SYNCS:
+            raise ToolkitError(f"clip_grad_norm with sync={self.sync.value}: the server applies each worker's "
+                               "gradient as it comes, there is no reduced gradient to clip; use sync every_step "
+                               "or local_sgd, or drop clip_grad_norm")
+
     def _check_parameter_server(self) -> None:
         if self.sync not in PS_SYNCS:
             for name in ("staleness", "ps_servers"):
@@ -356,6 +391,20 @@ class Config:
             raise ToolkitError(f"uneven_data is not available for framework={self.framework!r} with backend={backend!r}"
                                f"{' keras=' + repr(self.keras.value) if self.keras is not Keras.KERAS3 else ''} "
                                "(hvd.join is used for torch only); use framework torch, or sync ssp")
+        if self.clip_grad_norm is not None:
+            self._check_clipping(impl)
+        if self.sync_batchnorm and impl.sync_batchnorm:
+            raise ToolkitError(f"sync_batchnorm is not available for framework={self.framework!r} with "
+                               f"backend={backend!r} ({impl.sync_batchnorm}); drop sync_batchnorm")
+        if self.precision.value not in impl.precisions:
+            raise ToolkitError(f"precision={self.precision.value!r} is not available for framework={self.framework!r} "
+                               f"with backend={backend!r} ({impl.why_not_precision}); use precision: "
+                               f"{' or '.join(impl.precisions)}")
+        if self.precision is Precision.FP16 and (self.toolkit_exchange or self.sync in PS_SYNCS or self.op is Op.ADASUM):
+            raise ToolkitError(f"precision=fp16 scales the loss and unscales the reduced gradient around Horovod's "
+                               f"allreduce; with compression={self.compression.value!r}, sync={self.sync.value!r}, "
+                               f"op={self.op.value!r} there is none: use precision bf16, or compression none/fp16, "
+                               "sync every_step and op average/sum")
         if self.elastic and not impl.elastic:
             raise ToolkitError(f"elastic training is not available for framework={self.framework!r} with "
                                f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys")

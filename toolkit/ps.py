@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit import checkpoint, data as datasets, schedule
+from toolkit import checkpoint, data as datasets, numerics, schedule
 from toolkit.compression import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
 from toolkit.errors import ToolkitError
@@ -327,6 +327,8 @@ def run(config: Config) -> dict:
                 time.sleep(delay)
             step_loss, grads = session.local_gradients(batches)
             losses.append(session.to_float(step_loss))
+            if config.nan_guard:    # this worker's own loss (the server applies gradients as they come)
+                numerics.check(clock + 1, losses[-1], "loss")
             pushed.append(time.time())
             session.set_weights(client.push_pull(grads, clock))
             replied.append(time.time())

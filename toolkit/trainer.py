@@ -7,7 +7,6 @@ every replica's parameter digest is gathered and compared.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 import types
@@ -60,11 +59,6 @@ def _write_config(config: Config) -> None:
     for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / "config.yaml").write_text(config.to_yaml())
-
-
-def _json_number(value):
-    """NaN and infinities are not JSON: null instead."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def run(config: Config) -> dict:
@@ -182,8 +176,8 @@ def run(config: Config) -> dict:
     summary = {
         "framework": config.framework, "backend": config.backend.value, "world_size": session.world_size,
         "processes": session.size, "path": session.communication.describe(session.path),
-        "steps": state.step, "epochs": config.epochs, "final_loss": _json_number(state.loss),
-        "accuracy": _json_number(accuracy),
+        "steps": state.step, "epochs": config.epochs, "final_loss": state.loss,
+        "accuracy": accuracy,
         # what this process did: resumed at `resumed_from`, ran the steps after it (every rank,
         # trained: the steps each rank computed, fewer on a rank with uneven_data)
         "resumed_from": start_step if config.resume else None, "steps_run": state.step - start_step,
@@ -191,6 +185,7 @@ def run(config: Config) -> dict:
         "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": state.samples / state.seconds if state.seconds else 0.0,
         "compression": config.compression.value, "sync": config.sync.value, **session.communication.summary(),
+        "precision": config.precision.value, "skipped_steps": session.skipped_steps,
         "device": session.device, "rank": session.rank,
     }
     if config.elastic:

@@ -165,13 +165,31 @@ class MxnetSession(Session):
 
     def _train_step(self, batches):
         loss, samples = self._micro_batches(batches)
-        self.optimizer.step(samples * self.step_divisor)   # mean over all micro-batches, allreduced
+        self._reduce_and_apply(samples)      # mean over all micro-batches, allreduced
         self._zero_grad()
         return loss
 
     def _apply_step(self) -> None:
-        self.optimizer.step(self._samples * self.step_divisor)
+        self._reduce_and_apply(self._samples)
         self._zero_grad()
+
+    def _reduce_and_apply(self, samples: int) -> None:
+        """Trainer.step, or its two halves (allreduce_grads, update) with the reduced gradient's norm
+        and clipping between them. The gradient applied is .grad x `_scale` / batch (the Trainer's
+        rescale_grad; Horovod folds 1/size into `_scale` when it averages in the framework)."""
+        batch = samples * self.step_divisor
+        if not self.measures_norm:
+            self.optimizer.step(batch)
+            return
+        self.optimizer.allreduce_grads()
+        grads = [p.grad(self.ctx) for p in self._trainable()]
+        scale = self.optimizer._scale / batch
+        self.grad_norm = norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
+        clip = self.config.clip_grad_norm
+        if clip is not None and np.isfinite(norm) and clip / (norm + 1e-6) < 1:
+            for g in grads:
+                g *= clip / (norm + 1e-6)
+        self.optimizer.update(batch)
 
     def _zero_grad(self) -> None:
         if self._accumulate:

@@ -51,6 +51,12 @@ class KerasSession(Session):
     def _seed(self, seed: int) -> None:
         self.keras.utils.set_random_seed(seed)
 
+    def _set_precision(self) -> None:
+        """precision bf16: Keras's mixed_bfloat16 policy for every model built after start (bf16
+        compute, float32 variables, so float32 gradients on the wire); the loss in float32."""
+        policy = "mixed_bfloat16" if self.config.precision.value == "bf16" else "float32"
+        self.keras.mixed_precision.set_global_policy(policy)
+
     def builtin_model(self, num_features: int, num_classes: int):
         from toolkit.adapters.tensorflow import models
         return models.build(self.config, num_features, num_classes)
@@ -61,12 +67,16 @@ class KerasSession(Session):
         if not model.built:
             raise ToolkitError("session.setup(model): the Keras model has no weights yet; build it first "
                                "(keras.Input(...) as its first layer, or model.build(input_shape))")
+        if self.config.sync_batchnorm:      # batch statistics over every replica (batchnorm.py)
+            from toolkit.adapters.tensorflow import batchnorm
+            batchnorm.synchronize(model, getattr(self, "hvd", None))
         return model
 
     def _make_optimizer(self, model):
         return make_optimizer(self.config, self.keras)
 
     def _cross_entropy(self, logits, labels):
+        logits = tf.cast(logits, tf.float32)
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 
     def set_lr(self, lr: float) -> None:

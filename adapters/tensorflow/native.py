@@ -58,6 +58,7 @@ class NativeSession(KerasSession):
 
     def _start(self, comm=None) -> Topology:
         config = self.config
+        self._set_precision()
         if comm is not None:
             raise ToolkitError("backend=native runs TensorFlow's own collectives, not MPI: no communicator")
         kind = config.strategy or (Strategy.MULTI_WORKER_MIRRORED if "TF_CONFIG" in os.environ

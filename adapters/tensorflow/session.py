@@ -33,6 +33,7 @@ class TensorflowSession(KerasSession):
 
     def _start(self, comm=None) -> Topology:
         set_threads(threads_per_rank())
+        self._set_precision()
         self.hvd = hvd = start_horovod(self.config, "horovod.tensorflow", "tensorflow", comm=comm)
         gpus = tf.config.list_physical_devices("GPU")
         require_gpu_if_asked(bool(gpus))
@@ -53,22 +54,31 @@ class TensorflowSession(KerasSession):
         variables = self.model.trainable_variables
         reduce = hvd.size() > 1 and not c.toolkit_exchange
 
-        def apply(grads, allreduce):
+        # The reduced gradient's norm, and clipping, where asked (not Adasum's, which reduces
+        # per tensor through its own rule); the toolkit's exchange clips before apply_local.
+        measure = self.measures_norm and op != hvd.Adasum
+        clip = c.clip_grad_norm
+
+        def apply(grads, allreduce, measured=measure):
             if allreduce:
                 grads = allreduce_gradients(hvd, grads, op, compression)
+            norm = tf.linalg.global_norm(grads) if measured else tf.constant(-1.0)
+            if measured and clip is not None:
+                grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
             self.optimizer.apply_gradients(zip(self._with_weight_decay(grads), variables))
+            return norm
 
         def step(batches):
             loss, grads = self._local_sum(batches)
-            apply(grads, reduce)
-            return loss
+            return loss, apply(grads, reduce)
 
-        # One graph call per optimizer step (gradients, allreduce and update together); traced once
-        # per micro-batch count and shape.
+        # One graph call per optimizer step (gradients, allreduce, norm and update together);
+        # traced once per micro-batch count and shape.
         self._step_fn = tf.function(step)
         self._apply_fn = tf.function(lambda grads: apply(grads, reduce))
         self._local_gradients_fn = tf.function(self._local_sum)
-        self._apply_local_fn = tf.function(lambda grads: apply(grads, False))
+        self._apply_local_fn = tf.function(lambda grads: apply(grads, False, measured=False))
+        self._measure = measure
 
     def broadcast(self, root: int = 0) -> None:
         hvd = self.hvd
@@ -76,11 +86,16 @@ class TensorflowSession(KerasSession):
             v.assign(hvd.broadcast(v.value, root_rank=root, name=f"toolkit.broadcast.{i}"))
 
     def _train_step(self, batches):
-        return self._step_fn(tuple(batches))
+        loss, norm = self._step_fn(tuple(batches))
+        if self._measure:
+            self.grad_norm = norm
+        return loss
 
     def _apply_step(self) -> None:
         grads, self._pending = self._pending, None
-        self._apply_fn(grads)
+        norm = self._apply_fn(grads)
+        if self._measure:
+            self.grad_norm = norm
 
     def elastic_run(self, func):
         """horovod.tensorflow.elastic.run, fixed: Horovod 0.28.1's turns a TF UnknownError into a

@@ -56,7 +56,8 @@ class TfKerasSession(TensorflowSession):
         return build_model(self.config, num_features, num_classes)
 
     def _cross_entropy(self, logits, labels):
-        return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(labels, tf.cast(logits, tf.float32),
+                                                                              from_logits=True))
 
     def _with_weight_decay(self, grads):
         return grads        # tf-keras: the L2 regularizers of the model's layers (build_model)

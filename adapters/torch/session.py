@@ -11,6 +11,7 @@ sampler.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from toolkit.adapters.base import Session, Topology
 from toolkit.adapters.horovod import (CPU_FUSION_THRESHOLD_MB, gpu_for_local_rank, reduction, require_gpu_if_asked,
                                       start_horovod, threads_per_rank)
-from toolkit.config import Optimizer
+from toolkit.config import Op, Optimizer
 from toolkit.errors import ToolkitError
 
 STATE_FILE = "state.pt"
@@ -62,6 +63,9 @@ class TorchSession(Session):
     def _place(self, model):
         if not isinstance(model, torch.nn.Module):
             raise ToolkitError(f"session.setup(model): expected a torch.nn.Module, got {type(model).__name__}")
+        if self.config.sync_batchnorm:      # batch statistics over every rank (adapters/torch/batchnorm.py)
+            from toolkit.adapters.torch import batchnorm
+            model = batchnorm.convert(model, self.hvd)
         return model.to(self.torch_device)
 
     def _make_optimizer(self, model):
@@ -74,6 +78,9 @@ class TorchSession(Session):
         return F.cross_entropy(logits, labels)
 
     def _wrap(self) -> None:
+        precision = self.config.precision.value
+        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler(self.torch_device.type) if precision == "fp16" else None
         if self.config.toolkit_exchange:
             return
         compression, op = reduction(self.hvd, self.config)
@@ -115,9 +122,16 @@ class TorchSession(Session):
         return tensor.to(self.torch_device, non_blocking=True)
 
     # -- the step -----------------------------------------------------------------------------------
+    def autocast(self):
+        """The forward pass in the config's precision (torch.autocast; fp32: nothing)."""
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.torch_device.type, dtype=self._autocast_dtype)
+
     def backward(self, loss, tape=None) -> None:
         k = self.config.accumulation_steps
-        (loss / k if k > 1 else loss).backward()
+        loss = loss / k if k > 1 else loss
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
         self.micro += 1
 
     def _micro_batches(self, batches):
@@ -127,21 +141,46 @@ class TorchSession(Session):
         self.optimizer.zero_grad()
         total = None
         for x, y in batches:
-            loss = self.loss_fn(self.model(x), y)
+            with self.autocast():
+                loss = self.loss_fn(self.model(x), y)
             if len(batches) > 1:
                 loss = loss / len(batches)
-            loss.backward()
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
         return total
 
     def _train_step(self, batches):
         loss = self._micro_batches(batches)
-        self.optimizer.step()
+        self._reduce_and_apply()
         return loss
 
     def _apply_step(self) -> None:
-        self.optimizer.step()
+        self._reduce_and_apply()
         self.optimizer.zero_grad()
+
+    def _reduce_and_apply(self) -> None:
+        """Horovod's allreduce and the update; in between, when asked, the reduced gradient's norm
+        (a device tensor: no host sync here) and clipping to clip_grad_norm, the order Horovod
+        documents (synchronize, clip, step under skip_synchronize). Adasum reduces updates, not
+        gradients: its step is left whole (the guard reads the loss)."""
+        if not (self.measures_norm or self.scaler) or self.config.op is Op.ADASUM:
+            self.optimizer.step()
+            return
+        self.optimizer.synchronize()
+        if self.scaler:     # fp16: the reduced gradient unscaled before it is measured and clipped
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self._trainable() if p.grad is not None]
+        self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.config.clip_grad_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.clip_grad_norm, self.grad_norm)
+        with self.optimizer.skip_synchronize():
+            if self.scaler:     # an overflow skips the step (the same on every rank) and lowers the scale
+                scale = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.step_skipped = self.scaler.get_scale() < scale
+            else:
+                self.optimizer.step()
 
     def _trainable(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -189,7 +228,8 @@ class TorchSession(Session):
 
     @torch.no_grad()
     def _evaluate_batch(self, x, y):
-        out = self.model(x)
+        with self.autocast():
+            out = self.model(x).float()
         loss = float(self.loss_fn(out, y)) * len(y)
         if out.dim() == 2 and not y.is_floating_point() and y.dim() == 1:
             return np.array([loss, int((out.argmax(1) == y).sum()), len(y), 0], np.float64)
@@ -197,12 +237,17 @@ class TorchSession(Session):
 
     # -- checkpoints, elastic, uneven data ----------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, folder / STATE_FILE)
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()      # fp16's loss scale, for an exact resume
+        torch.save(state, folder / STATE_FILE)
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
     def snapshot(self):
         return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})

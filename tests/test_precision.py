@@ -1,0 +1,69 @@
+"""Mixed precision (`precision: bf16 | fp16`) and synchronized batch norm (`sync_batchnorm`), on real
+2-rank jobs: what each claims is compared with a run that must equal it, and a run that must not.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, assert_replicas, one_line_error, run, train_job
+from tests.test_api import max_diff, user_loop
+
+pytestmark = pytest.mark.distributed
+
+
+def state(out_path) -> list:
+    """Parameters and buffers (BatchNorm's running statistics) rank 0 saved (tests/user_loop.py)."""
+    with np.load(str(out_path) + ".state.npz") as saved:
+        return [saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files))]
+
+
+@pytest.mark.parametrize("fw", ["torch", "tensorflow"])
+def test_sync_batchnorm_gives_every_rank_the_statistics_of_the_union(fw, tmp_path):
+    """2 ranks x batch 16 with synchronized batch norm == 1 rank x batch 32 (the same samples each
+    step): weights and running statistics. Without it the ranks normalise with their own halves."""
+    common = ["--epochs", "1", "--momentum", "0", "--record-steps"]     # the BatchNorm model of user_code.py
+    synced = user_loop(fw, tmp_path / "sync.json", *common, "--batch-size", "16", "--set", "sync_batchnorm=true")
+    large = user_loop(fw, tmp_path / "large.json", *common, "--batch-size", "32", ranks=1)
+    local = user_loop(fw, tmp_path / "local.json", *common, "--batch-size", "16")
+    assert len(set(synced["final_digests"])) == 1
+    assert max_diff(state(tmp_path / "sync.json"), state(tmp_path / "large.json")) < 1e-5
+    assert max_diff(state(tmp_path / "local.json"), state(tmp_path / "large.json")) > 1e-3, \
+        "the comparison must be able to fail"
+
+
+@pytest.mark.parametrize("fw", ["torch", "tensorflow"])
+def test_bf16_trains_close_to_fp32_and_really_runs_in_bf16(fw):
+    args = ["--framework", fw, "--epochs", "3", "--batch-size", "16"]
+    fp32 = train_job("gloo", args)
+    bf16 = train_job("gloo", [*args, "--precision", "bf16"])
+    assert_replicas(bf16)
+    assert bf16["precision"] == "bf16" and bf16["accuracy"] > 0.9, bf16
+    assert abs(bf16["accuracy"] - fp32["accuracy"]) < 0.05, (bf16["accuracy"], fp32["accuracy"])
+    assert bf16["param_digest"] != fp32["param_digest"], "bf16 must change the arithmetic"
+
+
+def test_fp16_trains_with_loss_scaling_and_a_blow_up_is_a_skipped_step_not_an_error(tmp_path):
+    out = train_job("gloo", ["--framework", "torch", "--epochs", "3", "--batch-size", "16", "--precision", "fp16"])
+    assert_replicas(out)
+    assert out["precision"] == "fp16" and out["accuracy"] > 0.9 and isinstance(out["skipped_steps"], int), out
+    # step 3's loss times inf: with fp16's loss scaler the step is skipped on both ranks and training goes on
+    poisoned = user_loop("torch", tmp_path / "fp16.json", "--no-bn", "--epochs", "1", "--poison-step", "3",
+                         "--set", "precision=fp16")
+    assert poisoned["skipped_steps"] >= 1 and len(set(poisoned["final_digests"])) == 1, poisoned
+    # in fp32 the same blow-up stops every rank with the guard's line
+    proc = run([sys.executable, "-m", "toolkit", "launch", "-np", 2, "--gloo", "--timeout", 110, "--", sys.executable,
+                ROOT / "tests" / "user_loop.py", "--framework", "torch", "--no-bn", "--epochs", "1", "--poison-step", "3",
+                "--out", tmp_path / "fp32.json"], timeout=120)
+    one_line_error(proc, "step 4: the reduced gradient norm is", "not finite", launched=True)
+
+
+@pytest.mark.parametrize("keys, needle", [
+    (["--framework", "mxnet", "--precision", "bf16"], "MXNet 1.9's AMP"),
+    (["--framework", "tensorflow", "--precision", "fp16"], "use precision: fp32 or bf16"),
+    (["--precision", "fp16", "--compression", "int8"], "precision=fp16"),
+    (["--framework", "mxnet", "--sync-batchnorm"], "no MXNet SyncBatchNorm"),
+    (["--framework", "tensorflow", "--keras", "tf_keras", "--sync-batchnorm"], "keras: keras3"),
+])
+def test_what_a_path_cannot_do_is_one_line(keys, needle):
+    one_line_error(run([sys.executable, "-m", "toolkit", "config", "show", *keys], timeout=60), needle)

@@ -1,0 +1,38 @@
+"""Gradient clipping and the NaN/Inf guard, decided here once for every framework.
+
+Both look at the *reduced* gradient: what the optimizer is about to apply, after Horovod's
+allreduce (or the toolkit's exchange) and over the whole accumulated step. Every rank holds the
+same reduced gradient, so every rank computes the same norm and stops at the same step: no extra
+collective. Each session computes the norm on its device (torch `get_total_norm`,
+`tf.linalg.global_norm`, an MXNet NDArray sum) and clips there; the toolkit's exchange, whose
+gradients are numpy arrays, uses `clip` below. Where a path has no reduced gradient in hand
+(tf-keras's and the native strategies' optimizers reduce inside `apply_gradients`; Adasum combines
+updates), the guard reads the step's loss instead, and clipping is refused (toolkit/config.py).
+"""
+from __future__ import annotations
+
+import math
+
+from toolkit.errors import ToolkitError
+
+
+def clip(grads: list, max_norm: float | None) -> tuple[list, float]:
+    """numpy gradients scaled so their global L2 norm is at most `max_norm` (torch's
+    clip_grad_norm_ rule: factor max_norm / (norm + 1e-6), never above 1); (grads, norm before)."""
+    import numpy as np
+    norm = math.sqrt(sum(float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64))) for g in grads))
+    if max_norm is not None and math.isfinite(norm):
+        factor = max_norm / (norm + 1e-6)
+        if factor < 1:
+            grads = [(g * factor).astype(g.dtype) for g in grads]
+    return grads, norm
+
+
+def check(step: int, value: float, what: str) -> None:
+    """A non-finite step is one line naming the step and the fixes; every rank raises it at the same step."""
+    if math.isfinite(value):
+        return
+    raise ToolkitError(f"step {step}: the {what} is {value} (not finite); every rank stopped here and "
+                       "no checkpoint was written from it. "
+                       "Lower the learning rate (--lr), clip gradients (--clip-grad-norm 1.0), check the data for "
+                       "NaN/Inf, or turn the check off with --no-nan-guard")
