@@ -114,6 +114,7 @@ class Session(abc.ABC):
         self.micro = 0              # micro-batches since the last optimizer step (accumulation)
         self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
         self.grad_norm = None       # the last step's reduced gradient norm, before clipping (where measured)
+        self.step_loss = None       # the last step's loss averaged over the ranks (nan_guard, Horovod's paths)
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
         self.communication = None    # toolkit.communication.Communication, made by setup()
@@ -247,11 +248,19 @@ class Session(abc.ABC):
 
     @property
     def measures_norm(self) -> bool:
-        """Whether a step computes the reduced gradient's norm (to clip it, or for the NaN guard)."""
-        return self.config.clip_grad_norm is not None or self.config.nan_guard
+        """Whether a step computes the reduced gradient's norm (to clip it; also `grad_norm`)."""
+        return self.config.clip_grad_norm is not None
+
+    @property
+    def reduces_loss(self) -> bool:
+        """Whether a step also averages its loss over the ranks, in Horovod's cycle beside the
+        gradients (nan_guard: one value every rank agrees on, so every rank stops at the same step)."""
+        return self.config.nan_guard
 
     def _guard(self, loss) -> None:
-        """nan_guard: the step's reduced gradient norm (else its loss) must be finite (toolkit/numerics.py)."""
+        """nan_guard (toolkit/numerics.py): the step's reduced gradient norm where it was measured,
+        else its loss averaged over the ranks, else (paths that reduce inside a framework's own
+        optimizer) this rank's loss, must be finite."""
         if self.step_skipped:       # fp16 loss scaling: an overflow is skipped on every rank, not an error
             self.skipped_steps += 1
             self.step_skipped = False
@@ -260,6 +269,8 @@ class Session(abc.ABC):
             return
         if self.grad_norm is not None:
             numerics.check(self.global_step, self.to_float(self.grad_norm), "reduced gradient norm")
+        elif self.step_loss is not None:
+            numerics.check(self.global_step, self.to_float(self.step_loss), "loss (averaged over the ranks)")
         elif loss is not None:
             numerics.check(self.global_step, self.to_float(loss), "loss")
 

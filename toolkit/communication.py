@@ -41,7 +41,7 @@ class Communication:
         self.toolkit = config.toolkit_exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
         self.warmup_steps = config.sync_warmup_steps
-        self.clip_grad_norm = config.clip_grad_norm
+        self.clip_grad_norm, self.nan_guard = config.clip_grad_norm, config.nan_guard
         self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio),
                                          bool(config.error_feedback), average=config.op is not Op.SUM) \
             if self.toolkit else None
@@ -89,7 +89,7 @@ class Communication:
 
     def _clip(self, grads: list) -> list:
         """The reduced (local SGD: this rank's) gradients clipped to clip_grad_norm; their norm to the session."""
-        if self.session.measures_norm:
+        if self.clip_grad_norm is not None or self.nan_guard:    # numpy already: the norm costs little here
             grads, self.session.grad_norm = numerics.clip(grads, self.clip_grad_norm)
         return grads
 

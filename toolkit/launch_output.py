@@ -4,7 +4,8 @@ job that failed, the ranks' own one-line errors instead of the launcher's traceb
 horovodrun and `mpirun --tag-output` tag each rank's line (`[1]<stderr>:` over Gloo,
 `[1,1]<stderr>:` over MPI). Untagged lines are the launcher's own. When a rank exits non-zero,
 horovodrun raises (a 20-line traceback, sometimes a second one from its Gloo thread) and mpirun
-prints a banner; both name the rank and its exit code. Those lines are held back from the first
+prints a banner (also for a rank that called MPI_Abort: the parameter server's stop); both name the
+rank and its exit code. Those lines are held back from the first
 sign of them; at the end, if a rank's failure explains them, they are dropped and the job's exit
 code is that rank's (horovodrun itself exits 1 whatever the rank's code). A rank that failed without
 a `toolkit: error:` line of its own gets one from the launcher. A launcher that failed by itself
@@ -21,10 +22,12 @@ from typing import IO
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
                        r"Process \d+ exit with status code [1-9]\d*\.|Terminating remaining workers|"
-                       r"ssh not successful for host )")
+                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: )")
 SSH_FAILED = re.compile(r"^ssh not successful for host (\S+?):?\s*$")
 EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
 PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
+ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
+ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
 RANK_ERROR = "toolkit: error: "
 
 
@@ -53,9 +56,9 @@ class Relay:
                 self._write(stream, text)
                 return
             self.held.append((stream, text))
-            if (m := EXIT_CODE.match(text)) and self.rank_code is None:
+            if (m := EXIT_CODE.match(text) or ABORT_CODE.match(text)) and self.rank_code is None:
                 self.rank_code = int(m.group(1))
-            if (m := PROCESS.match(text)) and self.failed_rank is None:
+            if (m := PROCESS.match(text) or ABORT_RANK.match(text)) and self.failed_rank is None:
                 self.failed_rank = m.group(1)
 
     @staticmethod

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -314,7 +315,7 @@ def run(config: Config) -> dict:
     spe = train_loader.steps_per_epoch
     how = f"ssp, staleness {config.staleness}" if config.sync is Sync.SSP else "async"
     say(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
-            f"{spe} steps/epoch per worker, batch {b * k} per update")
+            f"{spe} steps/epoch per worker, batch {b * k} per update", config.quiet)
     clock, losses, loss, t0 = 0, [], None, time.perf_counter()
     pushed, replied = [], []            # wall-clock times of each push and of its reply (the step log)
     for epoch in range(client.epoch, config.epochs):
@@ -328,7 +329,7 @@ def run(config: Config) -> dict:
             step_loss, grads = session.local_gradients(batches)
             losses.append(session.to_float(step_loss))
             if config.nan_guard:    # this worker's own loss (the server applies gradients as they come)
-                numerics.check(clock + 1, losses[-1], "loss")
+                _check_or_abort(world, clock + 1, losses[-1])
             pushed.append(time.time())
             session.set_weights(client.push_pull(grads, clock))
             replied.append(time.time())
@@ -366,6 +367,17 @@ def run(config: Config) -> dict:
         "staleness_bound": bound(config), "servers": servers, **stats,
         "device": session.device, "rank": w,
     }
+
+
+def _check_or_abort(world, step: int, loss: float) -> None:
+    """A non-finite loss stops the whole job: its line, then MPI_Abort (the servers and the other
+    workers wait in messages, and a plain exit would leave them waiting in MPI_Finalize)."""
+    try:
+        numerics.check(step, loss, "loss")
+    except ToolkitError as e:
+        sys.stderr.write(f"toolkit: error: {e}\n")
+        sys.stderr.flush()
+        world.Abort(e.code)
 
 
 def _local_evaluate(session, evaluation, batch_size: int) -> tuple[float, float]:

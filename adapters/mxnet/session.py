@@ -149,6 +149,7 @@ class MxnetSession(Session):
         """`loss` as Gluon's losses give it, one value per sample (or a mean: one value)."""
         loss.backward()
         self._samples += int(loss.size)
+        self._loss = loss.sum() if self.micro == 0 else self._loss + loss.sum()     # / samples: the step's mean
         self.micro += 1
 
     def _micro_batches(self, batches):
@@ -165,19 +166,23 @@ class MxnetSession(Session):
 
     def _train_step(self, batches):
         loss, samples = self._micro_batches(batches)
-        self._reduce_and_apply(samples)      # mean over all micro-batches, allreduced
+        self._reduce_and_apply(samples, loss)      # mean over all micro-batches, allreduced
         self._zero_grad()
         return loss
 
     def _apply_step(self) -> None:
-        self._reduce_and_apply(self._samples)
+        self._reduce_and_apply(self._samples, self._loss / self._samples)
         self._zero_grad()
 
-    def _reduce_and_apply(self, samples: int) -> None:
-        """Trainer.step, or its two halves (allreduce_grads, update) with the reduced gradient's norm
-        and clipping between them. The gradient applied is .grad x `_scale` / batch (the Trainer's
-        rescale_grad; Horovod folds 1/size into `_scale` when it averages in the framework)."""
+    def _reduce_and_apply(self, samples: int, loss) -> None:
+        """Trainer.step, or (clip_grad_norm) its two halves, allreduce_grads and update, with the
+        reduced gradient's norm and clipping between them: the gradient applied is .grad x `_scale`
+        / batch (the Trainer's rescale_grad; Horovod folds 1/size into `_scale` when it averages in
+        the framework). nan_guard: the step's loss averaged over the ranks, queued beside it."""
         batch = samples * self.step_divisor
+        if self.reduces_loss:
+            self.step_loss = self.hvd.allreduce(loss.reshape((1,)), average=True, name="toolkit.step_loss") \
+                if self.size > 1 else loss
         if not self.measures_norm:
             self.optimizer.step(batch)
             return
@@ -186,7 +191,7 @@ class MxnetSession(Session):
         scale = self.optimizer._scale / batch
         self.grad_norm = norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
         clip = self.config.clip_grad_norm
-        if clip is not None and np.isfinite(norm) and clip / (norm + 1e-6) < 1:
+        if np.isfinite(norm) and clip / (norm + 1e-6) < 1:
             for g in grads:
                 g *= clip / (norm + 1e-6)
         self.optimizer.update(batch)

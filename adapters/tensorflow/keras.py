@@ -104,6 +104,8 @@ class KerasSession(Session):
         if k > 1:
             grads = [g / k for g in grads]
         self._pending = grads if self.micro == 0 else [a + b for a, b in zip(self._pending, grads)]
+        loss = tf.cast(loss, tf.float32) / k
+        self._pending_loss = loss if self.micro == 0 else self._pending_loss + loss     # the step's mean loss
         self.micro += 1
 
     def _with_weight_decay(self, grads):

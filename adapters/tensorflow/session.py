@@ -54,31 +54,33 @@ class TensorflowSession(KerasSession):
         variables = self.model.trainable_variables
         reduce = hvd.size() > 1 and not c.toolkit_exchange
 
-        # The reduced gradient's norm, and clipping, where asked (not Adasum's, which reduces
-        # per tensor through its own rule); the toolkit's exchange clips before apply_local.
-        measure = self.measures_norm and op != hvd.Adasum
-        clip = c.clip_grad_norm
+        # clip_grad_norm: the reduced gradient's norm and clipping in the same graph (not Adasum's,
+        # refused with it); the toolkit's exchange clips before apply_local. nan_guard: the loss
+        # averaged over the ranks in the same graph call.
+        measure, clip = self.measures_norm, c.clip_grad_norm
+        average_loss = self.reduces_loss and reduce
 
-        def apply(grads, allreduce, measured=measure):
+        def apply(grads, loss, allreduce, measured=measure):
             if allreduce:
                 grads = allreduce_gradients(hvd, grads, op, compression)
             norm = tf.linalg.global_norm(grads) if measured else tf.constant(-1.0)
-            if measured and clip is not None:
+            if measured:
                 grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
             self.optimizer.apply_gradients(zip(self._with_weight_decay(grads), variables))
-            return norm
+            if average_loss and allreduce:
+                loss = hvd.allreduce(tf.cast(loss, tf.float32), op=hvd.Average, name="toolkit.step_loss")
+            return norm, loss
 
         def step(batches):
             loss, grads = self._local_sum(batches)
-            return loss, apply(grads, reduce)
+            return loss, *apply(grads, loss, reduce)
 
         # One graph call per optimizer step (gradients, allreduce, norm and update together);
         # traced once per micro-batch count and shape.
         self._step_fn = tf.function(step)
-        self._apply_fn = tf.function(lambda grads: apply(grads, reduce))
+        self._apply_fn = tf.function(lambda grads, loss: apply(grads, loss, reduce))
         self._local_gradients_fn = tf.function(self._local_sum)
-        self._apply_local_fn = tf.function(lambda grads: apply(grads, False, measured=False))
-        self._measure = measure
+        self._apply_local_fn = tf.function(lambda grads: apply(grads, 0.0, False, measured=False))
 
     def broadcast(self, root: int = 0) -> None:
         hvd = self.hvd
@@ -86,16 +88,19 @@ class TensorflowSession(KerasSession):
             v.assign(hvd.broadcast(v.value, root_rank=root, name=f"toolkit.broadcast.{i}"))
 
     def _train_step(self, batches):
-        loss, norm = self._step_fn(tuple(batches))
-        if self._measure:
-            self.grad_norm = norm
+        loss, norm, reduced = self._step_fn(tuple(batches))
+        self._after_apply(norm, reduced)
         return loss
 
     def _apply_step(self) -> None:
         grads, self._pending = self._pending, None
-        norm = self._apply_fn(grads)
-        if self._measure:
+        self._after_apply(*self._apply_fn(grads, self._pending_loss))
+
+    def _after_apply(self, norm, reduced_loss) -> None:
+        if self.measures_norm:
             self.grad_norm = norm
+        if self.reduces_loss:
+            self.step_loss = reduced_loss
 
     def elastic_run(self, func):
         """horovod.tensorflow.elastic.run, fixed: Horovod 0.28.1's turns a TF UnknownError into a
