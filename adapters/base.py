@@ -115,6 +115,7 @@ class Session(abc.ABC):
         self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
         self.grad_norm = None       # the last step's reduced gradient norm, before clipping (where measured)
         self.step_loss = None       # the last step's loss averaged over the ranks (nan_guard, Horovod's paths)
+        self._unchecked = None      # nan_guard: the last step's (step, value, what), checked one step late
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
         self.communication = None    # toolkit.communication.Communication, made by setup()
@@ -260,7 +261,9 @@ class Session(abc.ABC):
     def _guard(self, loss) -> None:
         """nan_guard (toolkit/numerics.py): the step's reduced gradient norm where it was measured,
         else its loss averaged over the ranks, else (paths that reduce inside a framework's own
-        optimizer) this rank's loss, must be finite."""
+        optimizer) this rank's loss, must be finite. Checked one step late, so reading it back does
+        not stall the device (or MXNet's engine) on the step just queued; `_check_pending` settles
+        the last one before anything is evaluated or saved."""
         if self.step_skipped:       # fp16 loss scaling: an overflow is skipped on every rank, not an error
             self.skipped_steps += 1
             self.step_skipped = False
@@ -268,11 +271,23 @@ class Session(abc.ABC):
         if not self.config.nan_guard:
             return
         if self.grad_norm is not None:
-            numerics.check(self.global_step, self.to_float(self.grad_norm), "reduced gradient norm")
+            item = (self.global_step, self.grad_norm, "reduced gradient norm")
         elif self.step_loss is not None:
-            numerics.check(self.global_step, self.to_float(self.step_loss), "loss (averaged over the ranks)")
+            item = (self.global_step, self.step_loss, "loss (averaged over the ranks)")
         elif loss is not None:
-            numerics.check(self.global_step, self.to_float(loss), "loss")
+            item = (self.global_step, loss, "loss")
+        else:
+            return
+        previous, self._unchecked = self._unchecked, item
+        if previous is not None:
+            step, value, what = previous
+            numerics.check(step, self.to_float(value), what)
+
+    def _check_pending(self) -> None:
+        """The last step's guard check, before its weights are evaluated, saved or compared."""
+        if self._unchecked is not None:
+            (step, value, what), self._unchecked = self._unchecked, None
+            numerics.check(step, self.to_float(value), what)
 
     def autocast(self):
         """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:
@@ -307,8 +322,10 @@ class Session(abc.ABC):
     def sync_buffers(self) -> None:
         """Statistics the model keeps outside its parameters (BatchNorm's running mean and variance)
         drift apart on ranks that saw different batches: averaged over the ranks (a collective,
-        also run by evaluate(), save() and check_replicas(), so replicas end identical)."""
+        also run by evaluate(), save() and check_replicas(), so replicas end identical). Settles
+        the NaN guard's last check first: nothing is measured or saved from a broken step."""
         import numpy as np
+        self._check_pending()
         buffers = self._buffers()
         if not buffers or self.size == 1:
             return

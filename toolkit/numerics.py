@@ -32,7 +32,7 @@ def check(step: int, value: float, what: str) -> None:
     """A non-finite step is one line naming the step and the fixes; every rank raises it at the same step."""
     if math.isfinite(value):
         return
-    raise ToolkitError(f"step {step}: the {what} is {value} (not finite); every rank stopped here and "
-                       "no checkpoint was written from it. "
+    raise ToolkitError(f"step {step}: the {what} is {value} (not finite); every rank stopped within one step "
+                       "of it and no checkpoint was written from it. "
                        "Lower the learning rate (--lr), clip gradients (--clip-grad-norm 1.0), check the data for "
                        "NaN/Inf, or turn the check off with --no-nan-guard")

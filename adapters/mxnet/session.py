@@ -180,12 +180,16 @@ class MxnetSession(Session):
         / batch (the Trainer's rescale_grad; Horovod folds 1/size into `_scale` when it averages in
         the framework). nan_guard: the step's loss averaged over the ranks, queued beside it."""
         batch = samples * self.step_divisor
-        if self.reduces_loss:
-            self.step_loss = self.hvd.allreduce(loss.reshape((1,)), average=True, name="toolkit.step_loss") \
-                if self.size > 1 else loss
         if not self.measures_norm:
             self.optimizer.step(batch)
-            return
+        else:
+            self._clipped_step(batch)
+        if self.reduces_loss:       # queued after the gradients' allreduces (often the same Horovod cycle);
+            # two names: the guard reads a step's value one step late, so two may be in flight
+            name = f"toolkit.step_loss.{self.global_step % 2}"
+            self.step_loss = self.hvd.allreduce(loss.reshape((1,)), average=True, name=name) if self.size > 1 else loss
+
+    def _clipped_step(self, batch: float) -> None:
         self.optimizer.allreduce_grads()
         grads = [p.grad(self.ctx) for p in self._trainable()]
         scale = self.optimizer._scale / batch
