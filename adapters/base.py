@@ -280,14 +280,23 @@ class Session(abc.ABC):
             return
         previous, self._unchecked = self._unchecked, item
         if previous is not None:
-            step, value, what = previous
-            numerics.check(step, self.to_float(value), what)
+            self._check(*previous)
 
     def _check_pending(self) -> None:
         """The last step's guard check, before its weights are evaluated, saved or compared."""
         if self._unchecked is not None:
-            (step, value, what), self._unchecked = self._unchecked, None
+            item, self._unchecked = self._unchecked, None
+            self._check(*item)
+
+    def _check(self, step: int, value, what: str) -> None:
+        try:
             numerics.check(step, self.to_float(value), what)
+        except ToolkitError:
+            self._drain()      # every rank stops here: let the step already queued finish on all of them
+            raise
+
+    def _drain(self) -> None:
+        """Wait for the framework's queued work (MXNet's engine runs asynchronously)."""
 
     def autocast(self):
         """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:

@@ -259,6 +259,9 @@ class MxnetSession(Session):
             return np.array([total, correct, len(y), 0], np.float64)
         return np.array([total, 0, len(y), 1], np.float64)
 
+    def _drain(self) -> None:
+        mx.nd.waitall()     # the next step's allreduces are queued on every rank: finish them before exiting
+
     def to_float(self, value) -> float:
         return float(value.asscalar()) if hasattr(value, "asscalar") else float(value)
 
