@@ -1,6 +1,6 @@
 """Break each claim on purpose and check that its test fails (mutation testing, by hand-picked mutants).
 
-    .venv/bin/python tests/break_claims.py              # every mutant (about 30 minutes on 2 cores)
+    .venv/bin/python tests/break_claims.py              # every mutant (about 10 minutes on 2 cores)
     .venv/bin/python tests/break_claims.py resume ssp   # those whose id starts with one of the words
     .venv/bin/python tests/break_claims.py --list
 
