@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, setup, train
-from toolkit.errors import ToolkitError
+from toolkit.errors import ToolkitError, print_error
 
 COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench)
 
@@ -40,6 +40,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ToolkitError as e:
-        sys.stderr.write(f"toolkit: error: {e}\n")     # one write: launchers tag output by the chunk
-        sys.stderr.flush()
+        print_error(e)
         return e.code

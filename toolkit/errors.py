@@ -7,3 +7,10 @@ class ToolkitError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+def print_error(error: Exception) -> None:
+    """The one `toolkit: error: <message>` line, in one write (launchers tag output by the chunk)."""
+    import sys
+    sys.stderr.write(f"toolkit: error: {error}\n")
+    sys.stderr.flush()

@@ -16,15 +16,21 @@ import math
 from toolkit.errors import ToolkitError
 
 
+def clip_factor(norm: float, max_norm: float | None) -> float | None:
+    """What gradients of global norm `norm` are multiplied by to clip them to `max_norm` (torch's
+    clip_grad_norm_ rule: max_norm / (norm + 1e-6)); None when nothing is to be done."""
+    if max_norm is None or not math.isfinite(norm):
+        return None
+    factor = max_norm / (norm + 1e-6)
+    return factor if factor < 1 else None
+
+
 def clip(grads: list, max_norm: float | None) -> tuple[list, float]:
-    """numpy gradients scaled so their global L2 norm is at most `max_norm` (torch's
-    clip_grad_norm_ rule: factor max_norm / (norm + 1e-6), never above 1); (grads, norm before)."""
+    """numpy gradients scaled so their global L2 norm is at most `max_norm`; (grads, norm before)."""
     import numpy as np
     norm = math.sqrt(sum(float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64))) for g in grads))
-    if max_norm is not None and math.isfinite(norm):
-        factor = max_norm / (norm + 1e-6)
-        if factor < 1:
-            grads = [(g * factor).astype(g.dtype) for g in grads]
+    if (factor := clip_factor(norm, max_norm)) is not None:
+        grads = [(g * factor).astype(g.dtype) for g in grads]
     return grads, norm
 
 

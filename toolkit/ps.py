@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import numpy as np
 from toolkit import checkpoint, data as datasets, numerics, schedule
 from toolkit.compression import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
-from toolkit.errors import ToolkitError
+from toolkit.errors import ToolkitError, print_error
 from toolkit.metrics import say
 
 # message tags (a header of int64 values is followed, for PUSH and replies, by a float32 payload)
@@ -375,8 +374,7 @@ def _check_or_abort(world, step: int, loss: float) -> None:
     try:
         numerics.check(step, loss, "loss")
     except ToolkitError as e:
-        sys.stderr.write(f"toolkit: error: {e}\n")
-        sys.stderr.flush()
+        print_error(e)
         world.Abort(e.code)
 
 

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
+from toolkit import numerics
 from toolkit.adapters.base import Session, Topology
 from toolkit.adapters.horovod import gpu_for_local_rank, reduction, require_gpu_if_asked, start_horovod, threads_per_rank
 from toolkit.config import Op, Optimizer
@@ -194,10 +195,9 @@ class MxnetSession(Session):
         grads = [p.grad(self.ctx) for p in self._trainable()]
         scale = self.optimizer._scale / batch
         self.grad_norm = norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
-        clip = self.config.clip_grad_norm
-        if np.isfinite(norm) and clip / (norm + 1e-6) < 1:
+        if (factor := numerics.clip_factor(norm, self.config.clip_grad_norm)) is not None:
             for g in grads:
-                g *= clip / (norm + 1e-6)
+                g *= factor
         self.optimizer.update(batch)
 
     def _zero_grad(self) -> None:
