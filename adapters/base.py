@@ -181,8 +181,9 @@ class Session(abc.ABC):
         return contextlib.nullcontext()
 
     @abc.abstractmethod
-    def builtin_model(self, num_features: int, num_classes: int):
-        """The config's built-in model (mlp, linear) in this framework (adapters/<framework>/models.py)."""
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
+        """The config's built-in model (mlp, linear, resnet18, resnet50, transformer_lm) in this
+        framework (adapters/<framework>/models.py); `input_shape`: one sample's, for the ResNets."""
 
     # -- the user's objects ---------------------------------------------------------------------------
     def setup(self, model, optimizer=None, loss=None):

@@ -3,6 +3,7 @@
     .venv/bin/python examples/peers_bench.py --suite peers --repeats 1        # ~8 min, print only
     .venv/bin/python examples/peers_bench.py --write-docs        # peers + tuning, 3 rounds: 20+ min, into the doc
     .venv/bin/python examples/peers_bench.py --suite overhead -np 1 --features 64 --hidden-size 64 --hidden-layers 1 --repeats 5
+    .venv/bin/python examples/peers_bench.py --suite resnet50 --image-size 64 --batch-size 16 --repeats 3
 
 Every row times the same MLP (`--features` inputs, `--hidden-layers` x `--hidden-size`, 10 classes),
 the same batch per worker and the same loop (warm-up steps, then timed iterations of several steps
@@ -16,6 +17,9 @@ the median over its rounds of the per-worker mean samples/sec.
 - tuning: the toolkit's torch step with each Horovod setting tried, against torch DDP in the same run.
 - overhead: each framework's toolkit step against the plain Horovod script doing the same step (run it
   with one worker and a tiny model to see the per-step cost alone).
+- resnet50: Horovod's headline benchmark: ResNet-50 (torchvision, keras.applications, Gluon's zoo) on
+  random `--image-size` images, toolkit bench against the plain Horovod script of each framework, and
+  torch DDP; the ratio is against the same framework's plain script.
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ def toolkit(framework: str, controller: str = "gloo", flags: tuple = (), env: tu
 
 
 def common(a) -> list[str]:
-    return ["--features", str(a.features), "--hidden-size", str(a.hidden_size), "--hidden-layers",
+    return ["--model", a.model, "--image-size", str(a.image_size), "--classes", str(a.classes),
+            "--features", str(a.features), "--hidden-size", str(a.hidden_size), "--hidden-layers",
             str(a.hidden_layers), "--batch-size", str(a.batch_size), "--warmup", str(a.warmup),
             "--iters", str(a.iters), "--steps-per-iter", str(a.steps_per_iter)]
 
@@ -109,6 +114,17 @@ FUSION_ROWS = [
       for mb in ("128", "32", "16", "8", "4")],
     *[(f"m{mb}", f"toolkit, MPI, fusion threshold {mb} MiB", toolkit("torch", "mpi", flags=("--fusion-threshold-mb", mb)),
        "c") for mb in ("128", "8")],
+]
+
+# Horovod's headline benchmark (ResNet-50, synthetic images): each toolkit row against its framework's plain script.
+RESNET_ROWS = [
+    ("b", "plain Horovod script, torch (torchvision)", horovodrun("horovod_torch_synthetic.py"), "b"),
+    ("a", "toolkit bench, torch", toolkit("torch"), "b"),
+    ("c", "torch DDP, torchrun, Gloo", torchrun("ddp_torch_synthetic.py"), "b"),
+    ("tf", "plain Horovod script, TensorFlow (keras.applications)", horovodrun("horovod_tf_synthetic.py"), "tf"),
+    ("a-tf", "toolkit bench, TensorFlow", toolkit("tensorflow"), "tf"),
+    ("e", "plain Horovod script, MXNet (Gluon model zoo)", horovodrun("horovod_mxnet_synthetic.py"), "e"),
+    ("a-mx", "toolkit bench, MXNet", toolkit("mxnet"), "e"),
 ]
 
 # The toolkit's own cost per step: each toolkit row against the plain script doing the same.
@@ -187,9 +203,12 @@ def write(marker: str, text: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", choices=("peers", "tuning", "fusion", "overhead"), action="append",
+    p.add_argument("--suite", choices=("peers", "tuning", "fusion", "overhead", "resnet50"), action="append",
                    help="which table(s), repeatable (default: peers and tuning)")
     p.add_argument("-np", dest="np", type=int, default=2, help="workers per job (default 2)")
+    p.add_argument("--model", default="mlp", help="mlp, or resnet50 (the resnet50 suite sets it)")
+    p.add_argument("--image-size", type=int, default=224, help="ResNet-50: side of the random images (default 224)")
+    p.add_argument("--classes", type=int, default=10, help="classes of the random labels (default 10)")
     p.add_argument("--features", type=int, default=1024, help="MLP input width (default 1024)")
     p.add_argument("--hidden-size", type=int, default=2048, help="MLP hidden width (default 2048)")
     p.add_argument("--hidden-layers", type=int, default=3, help="MLP hidden layers (default 3)")
@@ -205,20 +224,26 @@ def main() -> int:
     a = p.parse_args()
     suites = [("peers", PEER_ROWS, "x (b) throughput"), ("tuning", TUNING_ROWS, "x DDP throughput"),
               ("fusion", FUSION_ROWS, "x DDP throughput"),
-              ("overhead", OVERHEAD_ROWS, "x plain script throughput")]
+              ("overhead", OVERHEAD_ROWS, "x plain script throughput"),
+              ("resnet50", RESNET_ROWS, "x plain Horovod script (same framework)")]
     failed = False
     for name, rows, ratio in suites:
         if name not in (a.suite or ["peers", "tuning"]):
             continue
+        if name == "resnet50":
+            a.model = "resnet50"
         results = measure(rows, a)
         failed |= any("failed" in o for outs in results.values() for o in outs)
         params = ((a.features + 1) * a.hidden_size + (a.hidden_layers - 1) * (a.hidden_size + 1) * a.hidden_size
                   + (a.hidden_size + 1) * 10)
-        command = (f"`.venv/bin/python examples/peers_bench.py --suite {name} -np {a.np} --features {a.features} "
-                   f"--hidden-size {a.hidden_size} --hidden-layers {a.hidden_layers} --repeats {a.repeats} "
+        shape = (f"--image-size {a.image_size} --classes {a.classes}" if a.model != "mlp" else
+                 f"--features {a.features} --hidden-size {a.hidden_size} --hidden-layers {a.hidden_layers}")
+        command = (f"`.venv/bin/python examples/peers_bench.py --suite {name} -np {a.np} {shape} "
+                   f"--batch-size {a.batch_size} --repeats {a.repeats} "
                    f"--iters {a.iters} --steps-per-iter {a.steps_per_iter} --write-docs`")
-        text = (f"Made by {command} on {machine()}. MLP {a.features} -> {a.hidden_layers} x {a.hidden_size} -> 10 "
-                f"({params / 1e6:.2f}M parameters), batch {a.batch_size} per worker, {a.np} workers, "
+        model = (f"{a.model} on random {a.image_size}x{a.image_size} images, {a.classes} classes" if a.model != "mlp"
+                 else f"MLP {a.features} -> {a.hidden_layers} x {a.hidden_size} -> 10 ({params / 1e6:.2f}M parameters)")
+        text = (f"Made by {command} on {machine()}. {model}, batch {a.batch_size} per worker, {a.np} workers, "
                 f"{a.warmup} warm-up steps, {a.iters} x {a.steps_per_iter} timed steps per round.\n\n"
                 + table(rows, results, a, ratio))
         print(text)

@@ -32,6 +32,7 @@ class Mutant:
 
 D, C, P = "tests/test_distributed.py", "tests/test_distributed_communication.py", "tests/test_ps.py"
 A, N = "tests/test_api.py", "tests/test_numerics.py"
+W = "tests/test_workloads.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/trainer.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -146,6 +147,18 @@ MUTANTS = [
     Mutant("bf16-ignored", "precision bf16 runs the forward pass in bf16",
            (("adapters/torch/session.py", '{"bf16": torch.bfloat16, "fp16": torch.float16}', '{"fp16": torch.float16}'),),
            ("tests/test_precision.py::test_bf16_trains_close_to_fp32_and_really_runs_in_bf16[torch]",)),
+    Mutant("heldout-leak", "an image folder of class folders holds a fixed 20% out for evaluation, never trained on",
+           (("toolkit/ondisk.py", "tuple(sorted(order[cut:].tolist()))", "tuple(sorted(order.tolist()))"),),
+           (f"{W}::test_image_folder_checks",)),
+    Mutant("images-unchecked", "a file that is not an image is one line naming it, before training",
+           (("toolkit/ondisk.py", "        if not any(head.startswith(m) for m in MAGIC):", "        if False:"),),
+           (f"{W}::test_an_unreadable_image_is_one_line_before_training",)),
+    Mutant("keras-split-ignored", "every framework's reader evaluates the same held-out images",
+           (("adapters/tensorflow/images.py", "        if index is not None:", "        if False:"),),
+           (f"{W}::test_each_frameworks_reader_holds_out_the_same_images[tensorflow]",)),
+    Mutant("lm-not-causal", "the language model's attention is causal (its falling loss is not cheating)",
+           (("adapters/tensorflow/models.py", "(a, a, use_causal_mask=True)", "(a, a)"),),
+           (f"{W}::test_transformer_lm_is_causal[tensorflow]",)),
 ]
 
 

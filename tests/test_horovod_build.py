@@ -1,4 +1,6 @@
 """The Horovod build recipe: switches, workarounds and the cache key (no compiling here)."""
+import os
+
 import pytest
 
 from toolkit import horovod_build as hb
@@ -52,3 +54,16 @@ def test_cache_key_changes_with_every_input():
 def test_bad_specs(kwargs, needle):
     with pytest.raises(ToolkitError, match=needle):
         hb.BuildSpec(**kwargs)
+
+
+def test_a_cpu_build_does_not_turn_on_cuda_for_pypis_torch(tmp_path):
+    """PyPI's torch is a CUDA build; with any CUDA_HOME torch finds (an nvcc on PATH, /usr/local/cuda),
+    Horovod's CMake would build its torch extension with CUDA and fail on missing CUDA headers. The
+    CPU build's environment makes torch report none; the GPU build keeps it."""
+    import subprocess
+    import sys
+    env = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, dict(os.environ))
+    probe = "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "None", out
+    assert "PYTHONPATH" not in hb.build_env(hb.BuildSpec(frameworks=("torch",), gpu=True), tmp_path, {})

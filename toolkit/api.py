@@ -28,7 +28,7 @@ def build_model(config: Config, session, data: datasets.Datasets):
                            "arrays with integer labels, a dataset with a `num_classes` attribute and numpy inputs, "
                            "or your own model (model: pkg.module:build)")
     with session.scope():
-        return session.builtin_model(data.num_features, data.num_classes), None
+        return session.builtin_model(data.num_features, data.num_classes, data.input_shape), None
 
 
 def setup(config: Config, session, data: datasets.Datasets):

@@ -62,14 +62,15 @@ def measure(config: Config, options: Options) -> dict | None:
 
     from toolkit import api
 
+    from toolkit.data import random_batch
+
     session = api.start(config)
-    with session.scope():
-        model = session.builtin_model(options.features, options.classes)
-    session.setup(model)
     rng = np.random.RandomState(config.seed)
     n = config.batch_size * config.accumulation_steps * session.world_size      # one step of every replica
-    data = (rng.standard_normal((n, options.features)).astype(np.float32),
-            rng.randint(0, options.classes, n).astype(np.int64))
+    data, features, classes, shape = random_batch(config, n, options.features, options.classes, rng)
+    with session.scope():
+        model = session.builtin_model(features, classes, shape)
+    session.setup(model)
     batches = next(session.loader(data, shuffle=False).steps())      # on the device, reused every step
     samples = config.batch_size * config.accumulation_steps * options.steps_per_iter   # per replica
     for _ in range(options.warmup):
@@ -137,6 +138,18 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def model_words(config: Config, options: Options) -> str:
+    """What the benchmark trained, in a few words (the table's title)."""
+    from toolkit.config import IMAGE_MODELS
+    if config.model in IMAGE_MODELS:
+        size = config.image_size or 224
+        return f"{config.model} on synthetic {size}x{size} images"
+    if config.model == "transformer_lm":
+        return (f"transformer_lm {config.hidden_layers}x{config.hidden_size}, {config.heads} heads, on "
+                f"{config.context} random tokens")
+    return f"{config.model} {config.hidden_layers}x{config.hidden_size} on {options.features} features"
+
+
 def worker_command(config_file: Path, options: Options, result: Path) -> list[str]:
     return [sys.executable, "-m", "toolkit", "bench", "--config", str(config_file),
             "--features", str(options.features), "--classes", str(options.classes),
@@ -167,8 +180,8 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
                      "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"]})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps
-    title = (f"{config.framework} {rows[0]['path']}, mlp {config.hidden_layers}x{config.hidden_size} on "
-             f"{options.features} features ({rows[0]['parameters'] / 1e6:.1f}M parameters), batch "
+    title = (f"{config.framework} {rows[0]['path']}, {model_words(config, options)} "
+             f"({rows[0]['parameters'] / 1e6:.1f}M parameters), batch "
              f"{config.batch_size} x {config.accumulation_steps}, compression {config.compression.value}, "
              f"{controller or 'default'} controller, {rows[0]['device']}")
     print(title)

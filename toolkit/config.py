@@ -42,6 +42,14 @@ class Dataset(str, enum.Enum):
 class Model(str, enum.Enum):
     MLP = "mlp"
     LINEAR = "linear"
+    RESNET18 = "resnet18"               # the frameworks' model zoos (Keras: built from its layers)
+    RESNET50 = "resnet50"
+    TRANSFORMER_LM = "transformer_lm"   # a small decoder-only language model (causal self-attention)
+
+
+IMAGE_MODELS = (Model.RESNET18.value, Model.RESNET50.value)
+# Datasets read from disk by each framework's own readers (toolkit/ondisk.py): `KIND:PATH`.
+ON_DISK = ("imagefolder", "cifar10", "text")
 
 
 class Optimizer(str, enum.Enum):
@@ -111,15 +119,22 @@ class Config:
                                             "when TF_CONFIG is set, else mirrored")
     num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = every GPU, "
                                           "else 1 CPU (N > 1 on CPU: N logical devices)")
-    model: str = _f(Model.MLP.value, "mlp or linear (built in), or your own: `pkg.module:build` (a module on "
+    model: str = _f(Model.MLP.value, "mlp, linear, resnet18, resnet50 or transformer_lm (built in), or your own: `pkg.module:build` (a module on "
                                      "PYTHONPATH or a .py file before the colon; build(config) returns the "
                                      "framework's model; an optional `loss(outputs, labels)` beside it replaces "
                                      "cross-entropy)")
-    hidden_size: int = _f(64, "width of each hidden layer (mlp)")
-    hidden_layers: int = _f(1, "number of hidden layers (mlp)")
-    dataset: str = _f(Dataset.DIGITS.value, "digits or synthetic (built in, no download), or your own: "
-                                           "`pkg.module:load` (load(config) returns (train, eval): numpy (x, y) "
-                                           "arrays or the framework's datasets)")
+    hidden_size: int = _f(64, "width of each hidden layer (mlp); the model width (transformer_lm)")
+    hidden_layers: int = _f(1, "number of hidden layers (mlp); of transformer blocks (transformer_lm)")
+    heads: int = _f(4, "transformer_lm: attention heads (hidden_size must be a multiple)")
+    context: int = _f(64, "transformer_lm and text:PATH: tokens per sample (the attention window)")
+    dataset: str = _f(Dataset.DIGITS.value, "digits or synthetic (built in, no download); imagefolder:PATH, "
+                                           "cifar10:PATH or text:PATH (on disk, read by the framework's own "
+                                           "readers); or your own: `pkg.module:load` (load(config) returns "
+                                           "(train, eval): numpy (x, y) arrays or the framework's datasets)")
+    image_size: Optional[int] = _f(None, "imagefolder and synthetic images: the side images are resized to; "
+                                         "unset = 224 (ImageNet's); cifar10 is 32")
+    augment: bool = _f(True, "imagefolder: random crop (padded by 1/8 of the side) and horizontal flip of the "
+                             "training images")
     epochs: int = _f(10, "passes over the training set")
     batch_size: int = _f(32, "samples per micro-batch on each worker")
     optimizer: Optimizer = _f(Optimizer.SGD, "optimizer")
@@ -200,13 +215,16 @@ class Config:
 
     def __post_init__(self):
         positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
-                         "hidden_layers", "keep_checkpoints")
+                         "hidden_layers", "keep_checkpoints", "heads")
         for name, enum_kind, verb in (("model", Model, "build"), ("dataset", Dataset, "load")):
             value = getattr(self, name)
+            if name == "dataset" and on_disk(value):
+                continue
             if value not in {m.value for m in enum_kind} and not is_reference(value):
                 raise ToolkitError(f"{name}={value!r}: not one of the built-in {name}s "
                                    f"({', '.join(m.value for m in enum_kind)}) nor a reference to your own "
                                    f"`pkg.module:{verb}` (a module on PYTHONPATH or a .py file before the colon)")
+        self._check_workload()
         if self.loader_workers < 0:
             _bad("loader_workers", self.loader_workers, "must be >= 0", example="2")
         for name in positive_ints:
@@ -391,6 +409,10 @@ class Config:
             raise ToolkitError(f"uneven_data is not available for framework={self.framework!r} with backend={backend!r}"
                                f"{' keras=' + repr(self.keras.value) if self.keras is not Keras.KERAS3 else ''} "
                                "(hvd.join is used for torch only); use framework torch, or sync ssp")
+        if self.model in impl.models_refused:
+            raise ToolkitError(f"model={self.model!r} is not available for framework={self.framework!r} with "
+                               f"backend={backend!r} ({impl.models_refused[self.model]}); use another framework "
+                               "or your own model (model: pkg.module:build)")
         if self.clip_grad_norm is not None:
             self._check_clipping(impl)
         if self.sync_batchnorm and impl.sync_batchnorm:
@@ -422,6 +444,38 @@ class Config:
             if self.backend is not Backend.NATIVE or self.strategy is Strategy.MULTI_WORKER_MIRRORED:
                 raise ToolkitError("num_devices applies to strategy: mirrored (one process, several devices); "
                                    "elsewhere each rank has one device: set the number of ranks with -np")
+
+    def _check_workload(self) -> None:
+        """The built-in models' own keys, and which data each one reads."""
+        disk = on_disk(self.dataset)
+        if disk and not disk[1]:
+            raise ToolkitError(f"dataset={self.dataset!r}: no path after the colon; e.g. --dataset {disk[0]}:data/"
+                               f"{'corpus.txt' if disk[0] == 'text' else 'images'}")
+        if self.context < 2:
+            _bad("context", self.context, "must be at least 2 (tokens per sample)", example="64")
+        if self.image_size is not None and self.image_size < 32:
+            _bad("image_size", self.image_size, "must be at least 32 (the ResNets downsample by 32)", example="32")
+        if self.image_size is not None and disk and disk[0] == "cifar10":
+            raise ToolkitError("image_size does not apply to cifar10 (its images are 32x32); drop image_size")
+        if self.model == Model.TRANSFORMER_LM.value and self.hidden_size % self.heads:
+            raise ToolkitError(f"hidden_size={self.hidden_size} is not a multiple of heads={self.heads} "
+                               "(transformer_lm splits the width across the heads); e.g. --hidden-size 64 --heads 4")
+        text = bool(disk and disk[0] == "text")
+        if self.model == Model.TRANSFORMER_LM.value and not (text or self.dataset == Dataset.SYNTHETIC.value
+                                                             or is_reference(self.dataset)):
+            raise ToolkitError(f"model=transformer_lm reads tokens: use dataset text:PATH (a plain text file) or "
+                               f"synthetic, not {self.dataset!r}")
+        if text and self.model != Model.TRANSFORMER_LM.value and not is_reference(self.model):
+            raise ToolkitError(f"dataset={self.dataset!r} gives token sequences: use model transformer_lm (or your "
+                               f"own), not {self.model!r}")
+        images = bool(disk and disk[0] != "text")
+        if self.model in IMAGE_MODELS and not (images or self.dataset == Dataset.SYNTHETIC.value
+                                               or is_reference(self.dataset)):
+            raise ToolkitError(f"model={self.model} reads images: use dataset imagefolder:PATH, cifar10:PATH or "
+                               f"synthetic, not {self.dataset!r}")
+        if images and self.model in (Model.MLP.value, Model.LINEAR.value):
+            raise ToolkitError(f"dataset={self.dataset!r} gives images: use model resnet18 or resnet50 (or your "
+                               f"own), not {self.model!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -465,6 +519,12 @@ class Config:
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
         values = flatten_groups(values, source)
         return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
+
+
+def on_disk(value: str) -> tuple[str, str] | None:
+    """`imagefolder:PATH`, `cifar10:PATH`, `text:PATH` -> (kind, PATH); anything else None."""
+    kind, sep, path = str(value).partition(":")
+    return (kind, path) if sep and kind in ON_DISK else None
 
 
 def is_reference(value: str) -> bool:

@@ -1,13 +1,18 @@
 """Built-in datasets as numpy arrays, and the one way they are split across ranks.
 
 `digits` is the real 8x8 handwritten digits set that scikit-learn ships (1797 images, no
-download); `synthetic` is a learnable linear-teacher problem. numpy is imported lazily.
+download); `synthetic` is a learnable problem shaped for the model (a linear teacher on vectors,
+on pooled images for the ResNets, a fixed next-token rule for the language model). On-disk
+datasets (`imagefolder:`, `cifar10:`, `text:`) come from toolkit/ondisk.py and the framework's
+own image reader. numpy is imported lazily.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.config import Config, Dataset
+from toolkit.config import IMAGE_MODELS, Config, Dataset, Model, on_disk
+
+SYNTHETIC_IMAGES = (256, 64)    # train, eval samples of synthetic images (and of token windows)
 
 
 @dataclass(frozen=True)
@@ -31,18 +36,105 @@ class Datasets:
     eval: "object"
     num_features: int | None
     num_classes: int | None
+    input_shape: tuple | None = None    # one sample's shape: (features,), (3, H, W) / (H, W, 3), (context,)
+    kind: str = "vectors"               # vectors | images | tokens
+
+
+def channels_last(config: Config) -> bool:
+    """Images as the framework's convolutions want them: NHWC for TensorFlow, NCHW elsewhere."""
+    return config.framework == "tensorflow"
+
+
+def image_shape(config: Config, size: int) -> tuple:
+    return (size, size, 3) if channels_last(config) else (3, size, size)
 
 
 def datasets(config: Config) -> Datasets:
     """The built-in dataset, or the user's `load(config)` (config `dataset: pkg.module:load`)."""
+    disk = on_disk(config.dataset)
+    if disk:
+        return _on_disk(config, *disk)
+    if config.dataset == Dataset.SYNTHETIC.value and config.model in IMAGE_MODELS:
+        return synthetic_images(config)
+    if config.dataset == Dataset.SYNTHETIC.value and config.model == Model.TRANSFORMER_LM.value:
+        return synthetic_tokens(config)
     if config.dataset in {d.value for d in Dataset}:
         data = load(config)
         return Datasets((data.x_train, data.y_train), (data.x_test, data.y_test), data.num_features,
-                        data.num_classes)
+                        data.num_classes, (data.num_features,))
     from toolkit import usercode
     train, evaluation = usercode.load_datasets(config)
     features, classes = _describe(train)
-    return Datasets(train, evaluation, features, classes)
+    shape = tuple(train[0].shape[1:]) if is_arrays(train) else None
+    kind = "images" if shape and len(shape) == 3 else "tokens" if config.model == Model.TRANSFORMER_LM.value else "vectors"
+    return Datasets(train, evaluation, features, classes, shape, kind)
+
+
+def _on_disk(config: Config, kind: str, path: str) -> Datasets:
+    from toolkit import ondisk
+    if kind == "text":
+        train, evaluation = ondisk.text(config.dataset, path, config.context)
+        return Datasets(train, evaluation, config.context, ondisk.VOCAB, (config.context,), "tokens")
+    if kind == "cifar10":
+        train, evaluation = ondisk.cifar10(config.dataset, path, channels_last(config))
+        return Datasets(train, evaluation, 3 * 32 * 32, 10, image_shape(config, 32), "images")
+    folder = ondisk.image_folder(config.dataset, path)
+    import importlib
+    reader = importlib.import_module(f"toolkit.adapters.{config.framework}.images")
+    size = config.image_size or 224
+    train, evaluation = reader.read(folder, config, size)
+    return Datasets(train, evaluation, 3 * size * size, len(folder.classes), image_shape(config, size), "images")
+
+
+def synthetic_images(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
+    """Random images (the side: image_size, unset 224) labelled by a fixed linear teacher on their
+    4x4 average-pooled channels: learnable, the same on every rank, no download."""
+    import numpy as np
+    size, classes = config.image_size or 224, 10
+    rng = np.random.RandomState(1234)
+    teacher = rng.standard_normal((3 * 16, classes)).astype(np.float32)
+    out = []
+    for n in counts:
+        x = rng.standard_normal((n, 3, size, size)).astype(np.float32)
+        pooled = x[:, :, : size - size % 4, : size - size % 4].reshape(n, 3, 4, size // 4, 4, size // 4).mean((3, 5))
+        y = np.argmax(pooled.reshape(n, -1) @ teacher, axis=1).astype(np.int64)
+        out.append((np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if channels_last(config) else x, y))
+    return Datasets(out[0], out[1], 3 * size * size, classes, image_shape(config, size), "images")
+
+
+def synthetic_tokens(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
+    """Byte-token windows of a fixed rule (the next token is a fixed permutation of the current one,
+    one in ten replaced at random): a language model's loss falls on it."""
+    import numpy as np
+    from toolkit.ondisk import VOCAB
+    rng = np.random.RandomState(1234)
+    successor = rng.permutation(VOCAB)
+    out = []
+    for n in counts:
+        tokens = np.empty((n, config.context + 1), np.int64)
+        tokens[:, 0] = rng.randint(0, VOCAB, n)
+        for t in range(1, config.context + 1):
+            noise = rng.rand(n) < 0.1
+            tokens[:, t] = np.where(noise, rng.randint(0, VOCAB, n), successor[tokens[:, t - 1]])
+        out.append((np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])))
+    return Datasets(out[0], out[1], config.context, VOCAB, (config.context,), "tokens")
+
+
+def random_batch(config: Config, n: int, features: int, classes: int, rng):
+    """`n` random samples shaped for the config's model, as Horovod's synthetic benchmarks feed it:
+    ((x, y), num_features, num_classes, input_shape). Vectors of `features`, images of image_size
+    (unset 224), or `context` byte tokens."""
+    import numpy as np
+    if config.model in IMAGE_MODELS:
+        shape = image_shape(config, config.image_size or 224)
+        x = rng.standard_normal((n, *shape)).astype(np.float32)
+        return (x, rng.randint(0, classes, n).astype(np.int64)), int(np.prod(shape)), classes, shape
+    if config.model == Model.TRANSFORMER_LM.value:
+        from toolkit.ondisk import VOCAB
+        tokens = rng.randint(0, VOCAB, (n, config.context + 1)).astype(np.int64)
+        return (tokens[:, :-1].copy(), tokens[:, 1:].copy()), config.context, VOCAB, (config.context,)
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    return (x, rng.randint(0, classes, n).astype(np.int64)), features, classes, (features,)
 
 
 def _describe(train) -> tuple[int | None, int | None]:

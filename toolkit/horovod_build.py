@@ -27,11 +27,45 @@ from toolkit.errors import ToolkitError
 
 ALL_FRAMEWORKS = tuple(pins.HOROVOD_FRAMEWORKS)
 _HOROVOD_FLAG = {"torch": "PYTORCH", "tensorflow": "TENSORFLOW", "mxnet": "MXNET"}
-# Horovod's CMake forces -std=c++14; torch >= 2.1 headers need C++17, and CXXFLAGS come first on
-# the command line, so a launcher appends the flag last, where it wins.
-_CXX17_LAUNCHER = '#!/bin/sh\nexec "$@" -std=c++17\n'
+# Horovod's CMake forces -std=c++14; torch >= 2.1 headers need C++17 and torch >= 2.14's C++20
+# ("#error C++20 or later compatible compiler is required to use PyTorch"), and CXXFLAGS come first
+# on the command line, so a launcher appends the flag last, where it wins: C++20 for the compiles
+# that see torch's headers (its extension), C++17 for the rest (TensorFlow's and MXNet's headers).
+_CXX_LAUNCHER = """#!/bin/sh
+case "$*" in
+  *site-packages/torch/include*) exec "$@" -std=c++20 ;;
+esac
+exec "$@" -std=c++17
+"""
 # TF >= 2.19 moved xla_builder.h; Horovod still includes the old path.
 _XLA_SHIM = '#include "xla/hlo/builder/xla_builder.h"\n'
+# A CPU build against PyPI's torch (a CUDA build): Horovod's FindPytorch.cmake turns on CUDA when
+# `torch.version.cuda` is set and torch finds a CUDA_HOME (here /usr/local/cuda, or any nvcc on PATH),
+# then fails on `find_package(CUDAToolkit)` (no CUDA runtime headers). CPU operations need none of
+# it: during the build, torch's cpp_extension reports no CUDA_HOME (this sitecustomize, on the
+# build's PYTHONPATH only, patches the module when it is first imported).
+_TORCH_CPU_SITECUSTOMIZE = """import sys
+
+
+class _NoCudaHome:
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.utils.cpp_extension":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.CUDA_HOME = None
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _NoCudaHome())
+"""
 MARKER = ".toolkit_build_key"
 
 
@@ -107,10 +141,16 @@ def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str]) -> dict[
         env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 2}")
 
-    launcher = workdir / "cxx17"
-    launcher.write_text(_CXX17_LAUNCHER)
+    launcher = workdir / "cxx_std"
+    launcher.write_text(_CXX_LAUNCHER)
     launcher.chmod(0o755)
     env["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher)
+
+    if "torch" in spec.frameworks and not spec.gpu:
+        site = workdir / "torch_cpu"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(_TORCH_CPU_SITECUSTOMIZE)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
 
     cxxflags = [env.get("CXXFLAGS", "")]
     if "tensorflow" in spec.frameworks:
@@ -203,7 +243,9 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
         target = sdist or f"horovod=={pins.HOROVOD}"
         with open(log_path, "w") as log:
             try:
-                _pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "-v",
+                # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would hand back
+                # a wheel built against other framework versions (seen when torch's pin moved)
+                _pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir", "-v",
                      "-w", str(work / "dist"), target, env=env, log=log)
             except ToolkitError as e:
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])

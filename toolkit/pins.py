@@ -9,7 +9,8 @@ HOROVOD = "0.28.1"
 
 # Frameworks, in the order they are installed. numpy < 2 because MXNet 1.9.1 needs it.
 FRAMEWORKS = {
-    "torch": "2.13.0",          # the CPU wheel; never let pip resolve plain `torch` (CUDA packages)
+    "torch": "2.14.1",          # PyPI's wheel: a CUDA 13 build (its nvidia-* wheels) that also runs on CPU
+    "torchvision": "0.29.1",    # the model zoo (resnet18/resnet50) and ImageFolder; built for torch 2.14.1
     "tensorflow-cpu": "2.21.0",
     "mxnet": "1.9.1",
     "numpy": "1.26.4",

@@ -34,6 +34,7 @@ class Implementation:
     precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
     sync_batchnorm: str = ""                     # why sync_batchnorm is refused; "" = implemented
     why_not_precision: str = ""
+    models_refused: dict = field(default_factory=dict)   # built-in model -> why it is not built here
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class AdapterSpec:
 
 
 _ADAPTERS: dict[str, AdapterSpec] = {
-    "torch": AdapterSpec("torch", "pip install torch==2.13.0 (or run `make setup`)",
+    "torch": AdapterSpec("torch", "pip install torch==2.14.1 torchvision==0.29.1 (or run `make setup`)",
                          {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession", elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
@@ -68,6 +69,8 @@ _ADAPTERS: dict[str, AdapterSpec] = {
             why_not_elastic="elastic runs with keras: keras3",
             clip="Horovod's tf-keras DistributedOptimizer reduces inside apply_gradients, after Keras clips",
             precisions=("fp32", "bf16"), why_not_precision=FP16_TF,
+            models_refused={m: "the legacy tf-keras path builds the MLP only; the ResNets and the language "
+                               "model run with keras: keras3" for m in ("resnet18", "resnet50", "transformer_lm")},
             sync_batchnorm="tf-keras's BatchNormalization is not synchronized here; use keras: keras3")}),
     "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
                          {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession", ops=("average", "sum"),
@@ -76,7 +79,10 @@ _ADAPTERS: dict[str, AdapterSpec] = {
                                                     precisions=("fp32",),
                                                     sync_batchnorm="Horovod has no MXNet SyncBatchNorm and Gluon's "
                                                                    "syncs the devices of one process only",
-                                                    why_not_precision="MXNet 1.9's AMP is not wired into the session")}),
+                                                    why_not_precision="MXNet 1.9's AMP is not wired into the session",
+                                                    models_refused={"transformer_lm": "Gluon 1.9 has no causal "
+                                                                    "self-attention layer nor a language model in "
+                                                                    "its model zoo"})}),
 }
 
 

@@ -55,9 +55,9 @@ class MxnetSession(Session):
         mx.random.seed(seed)
 
     # -- the user's objects -------------------------------------------------------------------------
-    def builtin_model(self, num_features: int, num_classes: int):
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.mxnet import models
-        return models.build(self.config, num_features, num_classes)
+        return models.build(self.config, num_features, num_classes, input_shape)
 
     def _place(self, model):
         if not isinstance(model, gluon.Block):

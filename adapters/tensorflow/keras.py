@@ -57,9 +57,9 @@ class KerasSession(Session):
         policy = "mixed_bfloat16" if self.config.precision.value == "bf16" else "float32"
         self.keras.mixed_precision.set_global_policy(policy)
 
-    def builtin_model(self, num_features: int, num_classes: int):
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.tensorflow import models
-        return models.build(self.config, num_features, num_classes)
+        return models.build(self.config, num_features, num_classes, input_shape=input_shape)
 
     def _place(self, model):
         if not isinstance(model, self.keras.Model):

@@ -109,9 +109,9 @@ class NativeSession(KerasSession):
         return self.strategy.scope()
 
 
-    def builtin_model(self, num_features: int, num_classes: int):
-        self._builtin = (num_features, num_classes)     # setup() gives each replica its own start
-        return models.build(self.config, num_features, num_classes)
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
+        self._builtin = (num_features, num_classes, input_shape)     # setup() gives each replica its own start
+        return models.build(self.config, num_features, num_classes, input_shape=input_shape)
 
     def _place(self, model):
         model = super()._place(model)
@@ -133,7 +133,7 @@ class NativeSession(KerasSession):
             self._start_replicas_apart(*self._builtin)
         self._compile_steps()
 
-    def _start_replicas_apart(self, num_features: int, num_classes: int) -> None:
+    def _start_replicas_apart(self, num_features: int, num_classes: int, input_shape=None) -> None:
         """Replica r starts from the weights seed + r gives, as Horovod rank r does: different on
         purpose, so the broadcast that follows is really exercised (and tested). (A user's model
         made once in the scope starts the same on every replica: TensorFlow mirrors it.)"""
@@ -141,7 +141,7 @@ class NativeSession(KerasSession):
         initial = []
         for r in range(first, first + self.replicas):
             keras.utils.set_random_seed(self.config.seed + r)
-            initial.append(models.build(self.config, num_features, num_classes).get_weights())
+            initial.append(models.build(self.config, num_features, num_classes, input_shape=input_shape).get_weights())
         for i, v in enumerate(self.model.weights):
             values = self.strategy.experimental_distribute_values_from_function(
                 lambda ctx, i=i: tf.constant(initial[ctx.replica_id_in_sync_group - first][i]))

@@ -52,7 +52,7 @@ class TfKerasSession(TensorflowSession):
         self.hvd_keras = import_horovod_keras()
         return topology
 
-    def builtin_model(self, num_features: int, num_classes: int):
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         return build_model(self.config, num_features, num_classes)
 
     def _cross_entropy(self, logits, labels):

@@ -56,9 +56,9 @@ class TorchSession(Session):
         torch.manual_seed(seed)
 
     # -- the user's objects -------------------------------------------------------------------------
-    def builtin_model(self, num_features: int, num_classes: int):
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.torch import models
-        return models.build(self.config, num_features, num_classes)
+        return models.build(self.config, num_features, num_classes, input_shape)
 
     def _place(self, model):
         if not isinstance(model, torch.nn.Module):
@@ -75,6 +75,8 @@ class TorchSession(Session):
         return torch.optim.Adam(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
 
     def _cross_entropy(self, logits, labels):
+        if logits.dim() == 3:       # a language model's [batch, T, vocab] against [batch, T]
+            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return F.cross_entropy(logits, labels)
 
     def _wrap(self) -> None:

@@ -13,6 +13,8 @@ import time
 
 def arguments(description: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default="mlp", help="mlp, or a ResNet by its zoo name: resnet18, resnet50")
+    p.add_argument("--image-size", type=int, default=224, help="ResNets: the side of the random images")
     p.add_argument("--features", type=int, default=1024)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--hidden-size", type=int, default=2048)

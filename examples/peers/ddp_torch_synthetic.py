@@ -17,16 +17,22 @@ rank, local_size = dist.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
 torch.set_num_threads(threads(local_size))
 torch.manual_seed(rank)
 
-layers, width = [], args.features
-for _ in range(args.hidden_layers):
-    layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
-    width = args.hidden_size
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes)))
+if args.model == "mlp":
+    layers, width = [], args.features
+    for _ in range(args.hidden_layers):
+        layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
+        width = args.hidden_size
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes))
+    data = torch.randn(args.batch_size, args.features)
+else:
+    import torchvision
+    net = getattr(torchvision.models, args.model)(num_classes=args.classes)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+model = torch.nn.parallel.DistributedDataParallel(net)
 if args.fp16_allreduce:
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
-data = torch.randn(args.batch_size, args.features)
 target = torch.randint(0, args.classes, (args.batch_size,))
 
 

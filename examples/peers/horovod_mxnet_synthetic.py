@@ -18,13 +18,17 @@ from common import time_steps, write  # noqa: E402
 
 hvd.init()
 mx.random.seed(hvd.rank())
-net = gluon.nn.HybridSequential()
-for _ in range(args.hidden_layers):
-    net.add(gluon.nn.Dense(args.hidden_size, activation="relu"))
-net.add(gluon.nn.Dense(args.classes))
+if args.model == "mlp":
+    net = gluon.nn.HybridSequential()
+    for _ in range(args.hidden_layers):
+        net.add(gluon.nn.Dense(args.hidden_size, activation="relu"))
+    net.add(gluon.nn.Dense(args.classes))
+    data = mx.nd.random.normal(shape=(args.batch_size, args.features))
+else:       # Gluon's model zoo, as Horovod's mxnet_imagenet_resnet50.py
+    net = getattr(gluon.model_zoo.vision, f"{args.model}_v1")(classes=args.classes)
+    data = mx.nd.random.normal(shape=(args.batch_size, 3, args.image_size, args.image_size))
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
 net.hybridize()
-data = mx.nd.random.normal(shape=(args.batch_size, args.features))
 target = mx.nd.random.randint(0, args.classes, shape=(args.batch_size,)).astype("float32")
 net(data)     # deferred initialisation, so the parameters exist before the broadcast
 params = net.collect_params()

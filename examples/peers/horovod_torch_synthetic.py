@@ -1,5 +1,6 @@
 """(b) Plain Horovod + PyTorch, no toolkit code, in the manner of Horovod's
-examples/pytorch/pytorch_synthetic_benchmark.py: an MLP on one fixed random batch.
+examples/pytorch/pytorch_synthetic_benchmark.py: an MLP (or torchvision's `--model resnet50`) on one
+fixed random batch.
 
     horovodrun -np 2 python examples/peers/horovod_torch_synthetic.py [--fp16-allreduce]
 """
@@ -14,18 +15,23 @@ hvd.init()
 torch.set_num_threads(threads(hvd.local_size()))
 torch.manual_seed(hvd.rank())
 
-layers, width = [], args.features
-for _ in range(args.hidden_layers):
-    layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
-    width = args.hidden_size
-model = torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes))
+if args.model == "mlp":
+    layers, width = [], args.features
+    for _ in range(args.hidden_layers):
+        layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
+        width = args.hidden_size
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes))
+    data = torch.randn(args.batch_size, args.features)
+else:
+    import torchvision
+    model = getattr(torchvision.models, args.model)(num_classes=args.classes)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-data = torch.randn(args.batch_size, args.features)
 target = torch.randint(0, args.classes, (args.batch_size,))
 
 

@@ -9,6 +9,10 @@ def set_threads(n: int) -> None:
 
 
 def mlp(args) -> keras.Model:
+    """The MLP, or keras.applications' ResNet-50 (`--model resnet50`, weights=None)."""
+    if args.model == "resnet50":
+        return keras.applications.ResNet50(weights=None, input_shape=(args.image_size, args.image_size, 3),
+                                           classes=args.classes, classifier_activation=None)
     layers = [keras.Input((args.features,))]
     layers += [keras.layers.Dense(args.hidden_size, activation="relu") for _ in range(args.hidden_layers)]
     return keras.Sequential(layers + [keras.layers.Dense(args.classes)])
@@ -16,7 +20,8 @@ def mlp(args) -> keras.Model:
 
 def batch(args, seed: int):
     g = tf.random.Generator.from_seed(seed)
-    return (g.normal((args.batch_size, args.features)),
+    shape = (args.features,) if args.model == "mlp" else (args.image_size, args.image_size, 3)
+    return (g.normal((args.batch_size, *shape)),
             g.uniform((args.batch_size,), 0, args.classes, dtype=tf.int64))
 
 

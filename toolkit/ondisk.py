@@ -1,0 +1,156 @@
+"""Datasets on disk, named by the config as `KIND:PATH`: `imagefolder:PATH`, `cifar10:PATH`, `text:PATH`.
+
+Framework-free: the path is checked here, once, so missing or malformed data is one line naming
+the path, whatever the framework. An image folder is then read by the framework's own reader
+(torchvision `ImageFolder`, `keras.utils.image_dataset_from_directory`, Gluon
+`ImageFolderDataset`: adapters/<framework>/images.py) from the `ImageFolder` description made
+here. CIFAR-10's python batches and a text corpus are read into numpy here: the frameworks'
+CIFAR-10 classes check the official files' hashes and download on a mismatch, and a byte-level
+corpus needs no reader.
+
+Image folder layouts (ImageNet's): `PATH/train/<class>/*.png|jpg` with `PATH/val/<class>/...`; or
+`PATH/<class>/...` alone, of which a fixed HELD_OUT fraction (the same files on every rank and every
+run) is the evaluation set.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.errors import ToolkitError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")     # what all three frameworks' folder readers read
+MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
+HELD_OUT = 0.2           # a folder of class folders only: this fraction of its images is evaluated
+TEXT_HELD_OUT = 0.1      # the last tenth of a corpus is evaluated
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+VOCAB = 256              # byte-level tokens
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """An image folder, checked: where the train and evaluation images are, and their classes."""
+    spec: str                       # the config's value, for error lines
+    train_root: Path                # a folder of class folders
+    eval_root: Path                 # the same as train_root when the split is HELD_OUT
+    classes: tuple[str, ...]
+    train_index: tuple[int, ...] | None = None   # positions in the sorted file list (HELD_OUT split)
+    eval_index: tuple[int, ...] | None = None
+
+    @property
+    def held_out(self) -> bool:
+        return self.train_index is not None
+
+
+def _fail(spec: str, why: str) -> None:
+    raise ToolkitError(f"dataset={spec!r}: {why}")
+
+
+def image_folder(spec: str, path: str) -> ImageFolder:
+    root = Path(path)
+    if not root.is_dir():
+        _fail(spec, f"no folder {root}; give a folder of class folders (PATH/<class>/*.png) or ImageNet's layout "
+                    "(PATH/train/<class>/..., PATH/val/<class>/...)")
+    if (root / "train").is_dir():
+        if not (root / "val").is_dir():
+            _fail(spec, f"{root}/train has no {root}/val beside it; add the evaluation images there "
+                        "(PATH/val/<class>/...), or give a folder of class folders only")
+        classes = _scan(spec, root / "train")[0]
+        val_classes = _scan(spec, root / "val")[0]
+        if val_classes != classes:
+            _fail(spec, f"{root}/val's class folders ({', '.join(val_classes)}) differ from {root}/train's "
+                        f"({', '.join(classes)}); give both the same classes")
+        return ImageFolder(spec, root / "train", root / "val", classes)
+    classes, files = _scan(spec, root)
+    if len(files) < 2:
+        _fail(spec, f"{root} holds {len(files)} image; at least 2 are needed to hold {HELD_OUT:.0%} out for "
+                    "evaluation")
+    import numpy as np
+    order = np.random.RandomState(0).permutation(len(files))    # fixed: independent of --seed
+    cut = max(1, int(round(len(files) * HELD_OUT)))
+    return ImageFolder(spec, root, root, classes, tuple(sorted(order[cut:].tolist())),
+                       tuple(sorted(order[:cut].tolist())))
+
+
+def _scan(spec: str, root: Path) -> tuple[tuple[str, ...], list[Path]]:
+    """(classes, files) in the frameworks' order: class folders sorted, files sorted within each;
+    every file's first bytes checked, so an unreadable image is named before training starts."""
+    classes = tuple(sorted(entry.name for entry in os.scandir(root) if entry.is_dir()))
+    if not classes:
+        _fail(spec, f"{root} has no class folders; put the images in one folder per class "
+                    f"({root}/<class>/*.png|jpg)")
+    files = []
+    for name in classes:
+        mine = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+        if not mine:
+            _fail(spec, f"{root / name} has no .png/.jpg images; remove the folder or add its images")
+        files += mine
+    for f in files:
+        with open(f, "rb") as handle:
+            head = handle.read(8)
+        if not any(head.startswith(m) for m in MAGIC):
+            _fail(spec, f"{f} is not a PNG or JPEG image (unreadable); remove or replace it")
+    return classes, files
+
+
+def cifar10(spec: str, path: str, channels_last: bool):
+    """CIFAR-10's python batches (cifar-10-python.tar.gz unpacked) -> normalised float32
+    ((x_train, y_train), (x_test, y_test)), NCHW (or NHWC), int64 labels."""
+    import numpy as np
+    root = Path(path)
+    if (root / "cifar-10-batches-py").is_dir():
+        root = root / "cifar-10-batches-py"
+    if not root.is_dir():
+        _fail(spec, f"no folder {root}; give the folder of CIFAR-10's python batches (data_batch_1..5, test_batch)")
+    missing = [n for n in CIFAR_TRAIN + ("test_batch",) if not (root / n).is_file()]
+    if missing:
+        _fail(spec, f"{root} lacks {', '.join(missing)}; expected CIFAR-10's python format (data_batch_1..5 and "
+                    "test_batch, as cifar-10-python.tar.gz unpacks)")
+    mean, std = np.array(CIFAR_MEAN, np.float32), np.array(CIFAR_STD, np.float32)
+
+    def read(names):
+        xs, ys = [], []
+        for n in names:
+            try:
+                with open(root / n, "rb") as f:
+                    batch = pickle.load(f, encoding="bytes")
+                x = np.asarray(batch[b"data"], np.uint8)
+                y = np.asarray(batch[b"labels"], np.int64)
+                if x.ndim != 2 or x.shape[1] != 3072 or len(y) != len(x) or y.min() < 0 or y.max() > 9:
+                    raise ValueError("shape")
+            except Exception:
+                _fail(spec, f"{root / n} is not a CIFAR-10 batch (expected a pickle with b'data': uint8 [N, 3072] "
+                            "and b'labels': N labels 0-9); replace it with the original file")
+            xs.append(x)
+            ys.append(y)
+        x = np.concatenate(xs).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32) / 255.0
+        x = (x - mean) / std
+        return (np.ascontiguousarray(x if channels_last else x.transpose(0, 3, 1, 2)), np.concatenate(ys))
+
+    return read(CIFAR_TRAIN), read(("test_batch",))
+
+
+def text(spec: str, path: str, context: int):
+    """A text file as byte tokens: non-overlapping windows of `context + 1` bytes, x the first
+    `context`, y the next token at each position (int64). The last TEXT_HELD_OUT is evaluated."""
+    import numpy as np
+    f = Path(path)
+    if not f.is_file():
+        _fail(spec, f"no file {f}; give a plain text file (its bytes are the tokens)")
+    tokens = np.frombuffer(f.read_bytes(), np.uint8).astype(np.int64)
+    window = context + 1
+    cut = int(len(tokens) * (1 - TEXT_HELD_OUT))
+    if cut // window < 1 or (len(tokens) - cut) // window < 1:
+        _fail(spec, f"{f} has {len(tokens)} bytes; context={context} needs at least {-(-window // TEXT_HELD_OUT)} "
+                    "(a window of context + 1 bytes held out, ten times as much in all); lower --context or add text")
+
+    def windows(part):
+        n = len(part) // window
+        w = part[: n * window].reshape(n, window)
+        return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
+
+    return windows(tokens[:cut]), windows(tokens[cut:])
