@@ -35,7 +35,7 @@ def small_images(tmp_path_factory):
 def test_resnet18_learns_the_digit_images_on_two_ranks(digit_images):
     """torchvision's ResNet-18 through the toolkit, from PNG files read by ImageFolder: > 90%."""
     out = train_job("gloo", ["--framework", "torch", "--model", "resnet18", "--dataset", f"imagefolder:{digit_images}",
-                             "--epochs", "4", "--batch-size", "32", "--lr", "0.05", "--no-augment", *QUIET],
+                             "--epochs", "8", "--batch-size", "32", "--lr", "0.05", "--no-augment", *QUIET],
                     timeout=600)
     assert out["accuracy"] > 0.9, out
     assert_replicas(out)
