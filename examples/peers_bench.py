@@ -47,6 +47,7 @@ BIN = Path(sys.executable).parent
 def toolkit(framework: str, controller: str = "gloo", flags: tuple = (), env: tuple = ()):
     def argv(a, out):
         extra = [f for item in env for f in ("--env", item)]
+        extra += ["--dataset", "synthetic"] if a.model != "mlp" else []     # the ResNets read images
         return [str(BIN / "toolkit"), "bench", "--np", str(a.np), f"--{controller}", "--framework", framework,
                 *common(a), "--out", str(out), "--quiet", *extra, *flags], out / f"np{a.np}.json"
     return argv

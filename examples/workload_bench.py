@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def one_run(a, precision: str, images: Path) -> dict:
         if proc.returncode != 0:
             return {"failed": " / ".join(proc.stderr.strip().splitlines()[-2:])[-300:]}
         epochs = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    lines = re.sub(r"\[[\d,]+\]<stdout>:", "", proc.stdout).splitlines()     # launch tags each rank's lines
+    summary = json.loads([ln for ln in lines if ln.startswith("{")][-1])
     per_epoch = summary["steps"] // a.epochs * a.batch_size * a.np
     seconds = [e["epoch"] * per_epoch / e["samples_per_sec"] for e in epochs]
     reached = next((s for e, s in zip(epochs, seconds) if (e["accuracy"] or 0) >= a.target), None)
