@@ -75,7 +75,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
     stamp = venv / STAMP
     if not stamp.exists() or stamp.read_text().strip() != pins_digest(gpu):
         say("setup: installing pinned packages " + ("(GPU: torch, tensorflow, mxnet CPU, numpy<2, ...)" if gpu
-                                                    else "(torch CPU, tensorflow-cpu, mxnet, numpy<2, ...)"))
+                                                    else "(torch + torchvision, tensorflow-cpu, mxnet, numpy<2, ...)"))
         pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run(pip + ["--upgrade", f"setuptools=={pins.TOOLS['setuptools']}",
                     f"wheel=={pins.TOOLS['wheel']}"], "installing setuptools")

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from common import arguments, threads, time_steps, write
+from torch_model import model_and_batch
 
 args = arguments(__doc__)
 dist.init_process_group("gloo")
@@ -17,23 +18,11 @@ rank, local_size = dist.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
 torch.set_num_threads(threads(local_size))
 torch.manual_seed(rank)
 
-if args.model == "mlp":
-    layers, width = [], args.features
-    for _ in range(args.hidden_layers):
-        layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
-        width = args.hidden_size
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes))
-    data = torch.randn(args.batch_size, args.features)
-else:
-    import torchvision
-    net = getattr(torchvision.models, args.model)(num_classes=args.classes)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+net, data, target = model_and_batch(args)
 model = torch.nn.parallel.DistributedDataParallel(net)
 if args.fp16_allreduce:
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-
-target = torch.randint(0, args.classes, (args.batch_size,))
 
 
 def step():

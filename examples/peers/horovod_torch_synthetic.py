@@ -9,30 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments, threads, time_steps, write
+from torch_model import model_and_batch
 
 args = arguments(__doc__)
 hvd.init()
 torch.set_num_threads(threads(hvd.local_size()))
 torch.manual_seed(hvd.rank())
 
-if args.model == "mlp":
-    layers, width = [], args.features
-    for _ in range(args.hidden_layers):
-        layers += [torch.nn.Linear(width, args.hidden_size), torch.nn.ReLU()]
-        width = args.hidden_size
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, args.classes))
-    data = torch.randn(args.batch_size, args.features)
-else:
-    import torchvision
-    model = getattr(torchvision.models, args.model)(num_classes=args.classes)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+model, data, target = model_and_batch(args)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-
-target = torch.randint(0, args.classes, (args.batch_size,))
 
 
 def step():
