@@ -33,7 +33,7 @@ def test_sync_batchnorm_gives_every_rank_the_statistics_of_the_union(fw, tmp_pat
         "the comparison must be able to fail"
 
 
-@pytest.mark.parametrize("fw", ["torch", "tensorflow"])
+@pytest.mark.parametrize("fw", ["torch", "tensorflow", "mxnet"])
 def test_bf16_trains_close_to_fp32_and_really_runs_in_bf16(fw):
     args = ["--framework", fw, "--epochs", "3", "--batch-size", "16"]
     fp32 = train_job("gloo", args)
@@ -64,7 +64,7 @@ def test_fp16_trains_with_loss_scaling_and_a_blow_up_is_a_skipped_step_not_an_er
 
 
 @pytest.mark.parametrize("keys, needle", [
-    (["--framework", "mxnet", "--precision", "bf16"], "MXNet 1.9's AMP"),
+    (["--framework", "mxnet", "--precision", "fp16"], "dynamic loss scaling"),
     (["--framework", "tensorflow", "--precision", "fp16"], "use precision: fp32 or bf16"),
     (["--precision", "fp16", "--compression", "int8"], "precision=fp16"),
     (["--framework", "mxnet", "--sync-batchnorm"], "no MXNet SyncBatchNorm"),

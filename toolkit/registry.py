@@ -17,7 +17,7 @@ HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, in
 TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the session's
 ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
 ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
-FP16_TF = "fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch only"
+FP16_TORCH_ONLY = "fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch only"
 
 
 @dataclass(frozen=True)
@@ -54,21 +54,21 @@ _ADAPTERS: dict[str, AdapterSpec] = {
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
         {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession", elastic=True,
-                                   precisions=("fp32", "bf16"), why_not_precision=FP16_TF),
+                                   precisions=("fp32", "bf16"), why_not_precision=FP16_TORCH_ONLY),
          "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession", ops=("average", "sum"),
                                   compressions=("none",), syncs=("every_step",),
                                   why_not="TensorFlow's collectives have neither Adasum nor compression, "
                                           "and the strategies step in sync; use backend: horovod for them",
                                   clip="Keras 3 under a strategy clips each replica's gradient before the "
                                        "all-reduce, not the reduced one",
-                                  precisions=("fp32", "bf16"), why_not_precision=FP16_TF)},
+                                  precisions=("fp32", "bf16"), why_not_precision=FP16_TORCH_ONLY)},
         variants={"horovod/tf_keras": Implementation(
             "toolkit.adapters.tensorflow.tf_keras:TfKerasSession", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
             why_not="tf-keras trains through Horovod's own DistributedOptimizer, which has only fp16; "
                     "the toolkit's compressions and local SGD run with keras: keras3",
             why_not_elastic="elastic runs with keras: keras3",
             clip="Horovod's tf-keras DistributedOptimizer reduces inside apply_gradients, after Keras clips",
-            precisions=("fp32", "bf16"), why_not_precision=FP16_TF,
+            precisions=("fp32", "bf16"), why_not_precision=FP16_TORCH_ONLY,
             models_refused={m: "the legacy tf-keras path builds the MLP only; the ResNets and the language "
                                "model run with keras: keras3" for m in ("resnet18", "resnet50", "transformer_lm")},
             sync_batchnorm="tf-keras's BatchNormalization is not synchronized here; use keras: keras3")}),
@@ -76,10 +76,10 @@ _ADAPTERS: dict[str, AdapterSpec] = {
                          {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession", ops=("average", "sum"),
                                                     why_not="Horovod's MXNet DistributedTrainer has no Adasum",
                                                     why_not_elastic="Horovod 0.28.1 has no horovod.mxnet.elastic",
-                                                    precisions=("fp32",),
+                                                    precisions=("fp32", "bf16"),
                                                     sync_batchnorm="Horovod has no MXNet SyncBatchNorm and Gluon's "
                                                                    "syncs the devices of one process only",
-                                                    why_not_precision="MXNet 1.9's AMP is not wired into the session",
+                                                    why_not_precision=FP16_TORCH_ONLY,
                                                     models_refused={"transformer_lm": "Gluon 1.9 has no causal "
                                                                     "self-attention layer nor a language model in "
                                                                     "its model zoo"})}),

@@ -36,6 +36,20 @@ PARAMS_FILE = "model.params"
 STATES_FILE = "trainer.states"
 
 
+def _amp_bf16() -> None:
+    """precision bf16: MXNet's AMP (mxnet.contrib.amp) casts the inputs of its bf16 operators
+    (convolutions, dense layers) to bfloat16 in every model built after this; parameters, their
+    gradients (what Horovod reduces) and BatchNorm stay float32. Once per process."""
+    from mxnet.contrib import amp
+    if not getattr(amp.amp, "_amp_initialized", False):
+        amp.init(target_dtype="bfloat16")
+
+
+def _float32(array):
+    """Outputs of a bf16 model (AMP) as float32, for the loss and the accuracy."""
+    return array if array.dtype == np.float32 else array.astype("float32")
+
+
 class MxnetSession(Session):
     name = "mxnet"
     path = "horovod.mxnet DistributedTrainer"
@@ -47,6 +61,8 @@ class MxnetSession(Session):
         gpu = gpu_for_local_rank(gpus, hvd.local_rank(), hvd.local_size(), self.config.allow_cpu)
         self.ctx = mx.gpu(gpu) if gpu is not None else mx.cpu()
         self._samples = 0
+        if self.config.precision.value == "bf16":
+            _amp_bf16()
         return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.ctx))
 
     def _seed(self, seed: int) -> None:
@@ -89,7 +105,7 @@ class MxnetSession(Session):
         return mx.optimizer.create("adam", learning_rate=c.lr, wd=c.weight_decay)
 
     def _cross_entropy(self, logits, labels):
-        return self._softmax_ce(logits, labels)
+        return self._softmax_ce(_float32(logits), labels)
 
     _softmax_ce = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -251,7 +267,7 @@ class MxnetSession(Session):
             p.set_data(mx.nd.array(a, ctx=self.ctx, dtype=p.dtype))
 
     def _evaluate_batch(self, x, y):
-        out = self.model(x)
+        out = _float32(self.model(x))
         loss = self.loss_fn(out, y)
         total = float(loss.sum().asscalar()) * (len(y) if loss.size == 1 else 1)
         if len(out.shape) == 2 and len(y.shape) == 1:
