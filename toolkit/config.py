@@ -162,8 +162,8 @@ class Config:
     accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
     op: Op = _f(Op.AVERAGE, "gradient reduction")
     precision: Precision = _f(Precision.FP32, "the forward pass's arithmetic: fp32, bf16 (torch autocast, Keras's "
-                                              "mixed_bfloat16 policy) or fp16 (torch autocast with loss scaling); "
-                                              "weights and the optimizer stay fp32")
+                                              "mixed_bfloat16 policy, MXNet's AMP) or fp16 (torch autocast, Keras's "
+                                              "mixed_float16; dynamic loss scaling); weights and the optimizer stay fp32")
     sync_batchnorm: bool = _f(False, "BatchNorm layers normalise with the statistics of every rank's batch "
                                      "(torch: the toolkit's SyncBatchNorm on Horovod; Keras 3: its "
                                      "BatchNormalization with moments allreduced, or synchronized=True under a "

@@ -17,7 +17,8 @@ HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, in
 TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk")              # toolkit.compression, via the session's
 ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
 ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
-FP16_TORCH_ONLY = "fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch only"
+FP16_TORCH_ONLY = ("fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch and for "
+                   "Keras 3 on Horovod")
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ _ADAPTERS: dict[str, AdapterSpec] = {
                          {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession", elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
-        {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession", elastic=True,
-                                   precisions=("fp32", "bf16"), why_not_precision=FP16_TORCH_ONLY),
+        {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession", elastic=True),
          "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession", ops=("average", "sum"),
                                   compressions=("none",), syncs=("every_step",),
                                   why_not="TensorFlow's collectives have neither Adasum nor compression, "

@@ -54,8 +54,17 @@ class KerasSession(Session):
     def _set_precision(self) -> None:
         """precision bf16: Keras's mixed_bfloat16 policy for every model built after start (bf16
         compute, float32 variables, so float32 gradients on the wire); the loss in float32."""
-        policy = "mixed_bfloat16" if self.config.precision.value == "bf16" else "float32"
+        policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}.get(self.config.precision.value, "float32")
         self.keras.mixed_precision.set_global_policy(policy)
+
+    _loss_scale = None      # fp16 (session.py): the dynamic loss scale, whose gradients are taken
+
+    def _gradients(self, tape, loss, variables):
+        """The tape's gradients of `loss`; with fp16, of loss x the loss scale (output_gradients: the
+        scale enters the backward pass, so small fp16 gradients do not flush to zero)."""
+        if self._loss_scale is None:
+            return tape.gradient(loss, variables)
+        return tape.gradient(loss, variables, output_gradients=tf.cast(self._loss_scale.scale, loss.dtype))
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.tensorflow import models
@@ -100,7 +109,7 @@ class KerasSession(Session):
             raise ToolkitError("TensorFlow computes gradients from a tape: compute the loss under "
                                "`with tf.GradientTape() as tape:` and call session.backward(loss, tape)")
         k = self.config.accumulation_steps
-        grads = tape.gradient(loss, self.model.trainable_variables)     # (loss / k here would be off the tape)
+        grads = self._gradients(tape, loss, self.model.trainable_variables)     # (loss / k here would be off the tape)
         if k > 1:
             grads = [g / k for g in grads]
         self._pending = grads if self.micro == 0 else [a + b for a, b in zip(self._pending, grads)]
@@ -122,7 +131,7 @@ class KerasSession(Session):
         for x, y in batches:
             with tf.GradientTape() as tape:
                 loss = self.loss_fn(self.model(x, training=True), y) / len(batches)
-            grads = tape.gradient(loss, variables)
+            grads = self._gradients(tape, loss, variables)
             summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
             total += loss
         return total, summed

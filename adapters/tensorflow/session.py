@@ -15,7 +15,9 @@ import tensorflow as tf
 
 from toolkit.adapters.base import Topology
 from toolkit.adapters.horovod import gpu_for_local_rank, reduction, require_gpu_if_asked, start_horovod, threads_per_rank
-from toolkit.adapters.tensorflow.keras import KerasSession, set_threads
+from toolkit.adapters.tensorflow.keras import KerasSession, load_arrays, save_arrays, set_threads
+
+LOSS_SCALE_FILE = "loss_scale.npz"
 
 
 def allreduce_gradients(hvd, grads, op, compression) -> list:
@@ -25,6 +27,23 @@ def allreduce_gradients(hvd, grads, op, compression) -> list:
     if op == hvd.Adasum:
         return [hvd.allreduce(g, op=op, compression=compression) for g in grads]
     return hvd.grouped_allreduce(grads, op=op, compression=compression)
+
+
+class LossScale:
+    """fp16's dynamic loss scale, as torch's GradScaler: starts at 2**16, halves when the reduced
+    gradient is not finite (that step is skipped, on every rank alike), doubles after 2000 finite
+    steps. Two variables, updated in the step's graph; saved with the checkpoints."""
+    GROWTH_INTERVAL = 2000
+
+    def __init__(self):
+        self.scale = tf.Variable(2.0 ** 16, trainable=False, dtype=tf.float32, name="toolkit_loss_scale")
+        self.good = tf.Variable(0, trainable=False, dtype=tf.int64, name="toolkit_good_steps")
+
+    def update(self, finite) -> None:
+        good = tf.where(finite, self.good + 1, tf.constant(0, tf.int64))
+        grow = good >= self.GROWTH_INTERVAL
+        self.scale.assign(tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale), self.scale / 2.0))
+        self.good.assign(tf.where(grow, tf.constant(0, tf.int64), good))
 
 
 class TensorflowSession(KerasSession):
@@ -59,17 +78,33 @@ class TensorflowSession(KerasSession):
         # averaged over the ranks in the same graph call.
         measure, clip = self.measures_norm, c.clip_grad_norm
         average_loss = self.reduces_loss and reduce
+        # fp16: the gradients are of the scaled loss; unscaled after the allreduce, before they are
+        # measured and clipped; a non-finite one skips the update (the same on every rank).
+        scaler = self._loss_scale = self._loss_scale or (LossScale() if c.precision.value == "fp16" else None)
 
         def apply(grads, loss, allreduce, measured=measure):
             if allreduce:
                 grads = allreduce_gradients(hvd, grads, op, compression)
+            finite = tf.constant(True)
+            if scaler:
+                grads = [g / scaler.scale for g in grads]
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
             norm = tf.linalg.global_norm(grads) if measured else tf.constant(-1.0)
             if measured:
                 grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
-            self.optimizer.apply_gradients(zip(self._with_weight_decay(grads), variables))
+
+            def update():
+                self.optimizer.apply_gradients(zip(self._with_weight_decay(grads), variables))
+                return tf.constant(True)
+
+            if scaler:
+                tf.cond(finite, update, lambda: tf.constant(False))
+                scaler.update(finite)
+            else:
+                update()
             if average_loss and allreduce:
                 loss = hvd.allreduce(tf.cast(loss, tf.float32), op=hvd.Average, name="toolkit.step_loss")
-            return norm, loss
+            return norm, loss, finite
 
         def step(batches):
             loss, grads = self._local_sum(batches)
@@ -88,19 +123,33 @@ class TensorflowSession(KerasSession):
             v.assign(hvd.broadcast(v.value, root_rank=root, name=f"toolkit.broadcast.{i}"))
 
     def _train_step(self, batches):
-        loss, norm, reduced = self._step_fn(tuple(batches))
-        self._after_apply(norm, reduced)
+        loss, norm, reduced, finite = self._step_fn(tuple(batches))
+        self._after_apply(norm, reduced, finite)
         return loss
 
     def _apply_step(self) -> None:
         grads, self._pending = self._pending, None
         self._after_apply(*self._apply_fn(grads, self._pending_loss))
 
-    def _after_apply(self, norm, reduced_loss) -> None:
+    def _after_apply(self, norm, reduced_loss, finite) -> None:
+        if self._loss_scale is not None:     # fp16: a skipped step is counted, not an error (one host read)
+            self.step_skipped = not bool(finite)
         if self.measures_norm:
             self.grad_norm = norm
         if self.reduces_loss:
             self.step_loss = reduced_loss
+
+    def _save_objects(self, folder) -> None:
+        super()._save_objects(folder)
+        if self._loss_scale is not None:     # fp16's loss scale, for an exact resume
+            save_arrays(folder / LOSS_SCALE_FILE, [self._loss_scale.scale.numpy(), self._loss_scale.good.numpy()])
+
+    def _load_objects(self, folder) -> None:
+        super()._load_objects(folder)
+        if self._loss_scale is not None and (folder / LOSS_SCALE_FILE).is_file():
+            scale, good = load_arrays(folder / LOSS_SCALE_FILE)
+            self._loss_scale.scale.assign(scale)
+            self._loss_scale.good.assign(good)
 
     def elastic_run(self, func):
         """horovod.tensorflow.elastic.run, fixed: Horovod 0.28.1's turns a TF UnknownError into a
