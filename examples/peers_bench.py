@@ -121,11 +121,14 @@ FUSION_ROWS = [
 RESNET_ROWS = [
     ("b", "plain Horovod script, torch (torchvision)", horovodrun("horovod_torch_synthetic.py"), "b"),
     ("a", "toolkit bench, torch", toolkit("torch"), "b"),
+    ("a-ng", "toolkit bench, torch, --no-nan-guard", toolkit("torch", flags=("--no-nan-guard",)), "b"),
     ("c", "torch DDP, torchrun, Gloo", torchrun("ddp_torch_synthetic.py"), "b"),
     ("tf", "plain Horovod script, TensorFlow (keras.applications)", horovodrun("horovod_tf_synthetic.py"), "tf"),
     ("a-tf", "toolkit bench, TensorFlow", toolkit("tensorflow"), "tf"),
+    ("a-tf-ng", "toolkit bench, TensorFlow, --no-nan-guard", toolkit("tensorflow", flags=("--no-nan-guard",)), "tf"),
     ("e", "plain Horovod script, MXNet (Gluon model zoo)", horovodrun("horovod_mxnet_synthetic.py"), "e"),
     ("a-mx", "toolkit bench, MXNet", toolkit("mxnet"), "e"),
+    ("a-mx-ng", "toolkit bench, MXNet, --no-nan-guard", toolkit("mxnet", flags=("--no-nan-guard",)), "e"),
 ]
 
 # The toolkit's own cost per step: each toolkit row against the plain script doing the same.

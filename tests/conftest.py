@@ -138,7 +138,8 @@ def timeline_gradient_bytes(path) -> tuple[int, set]:
     """(bytes, dtypes) of every allreduce in the timeline except the toolkit's own named ones
     (losses, metrics): what Horovod really reduced for the gradients, over the whole job.
     torch names an op `allreduce.<tensor>`, MXNet `horovod_allreduce.<index>`; TensorFlow by its graph op
-    (`HorovodGroupedAllreduce_<gradients>_1of4`), and a bare `HorovodAllreduce` is the toolkit's own."""
+    (`HorovodAllreduce_<gradient>`, `HorovodGroupedAllreduce_...` from Keras's fit path); the toolkit's
+    own carry `toolkit.` in their names."""
     total, dtypes = 0, set()
     for (name, dtype, shape), times in timeline_ops(path).items():
         gradient = name.startswith(("allreduce.", "horovod_allreduce.")) or name.startswith("HorovodGroupedAllreduce_") \

@@ -119,8 +119,9 @@ class Config:
                                             "when TF_CONFIG is set, else mirrored")
     num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = every GPU, "
                                           "else 1 CPU (N > 1 on CPU: N logical devices)")
-    model: str = _f(Model.MLP.value, "mlp, linear, resnet18, resnet50 or transformer_lm (built in), or your own: `pkg.module:build` (a module on "
-                                     "PYTHONPATH or a .py file before the colon; build(config) returns the "
+    model: str = _f(Model.MLP.value, "mlp, linear, resnet18, resnet50 or transformer_lm (built in), or your "
+                                     "own: `pkg.module:build` (a module on PYTHONPATH or a .py file before the "
+                                     "colon; build(config) returns the "
                                      "framework's model; an optional `loss(outputs, labels)` beside it replaces "
                                      "cross-entropy)")
     hidden_size: int = _f(64, "width of each hidden layer (mlp); the model width (transformer_lm)")
@@ -163,7 +164,8 @@ class Config:
     op: Op = _f(Op.AVERAGE, "gradient reduction")
     precision: Precision = _f(Precision.FP32, "the forward pass's arithmetic: fp32, bf16 (torch autocast, Keras's "
                                               "mixed_bfloat16 policy, MXNet's AMP) or fp16 (torch autocast, Keras's "
-                                              "mixed_float16; dynamic loss scaling); weights and the optimizer stay fp32")
+                                              "mixed_float16; dynamic loss scaling); weights and the optimizer "
+                                              "stay fp32")
     sync_batchnorm: bool = _f(False, "BatchNorm layers normalise with the statistics of every rank's batch "
                                      "(torch: the toolkit's SyncBatchNorm on Horovod; Keras 3: its "
                                      "BatchNormalization with moments allreduced, or synchronized=True under a "

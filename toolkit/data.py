@@ -66,7 +66,8 @@ def datasets(config: Config) -> Datasets:
     train, evaluation = usercode.load_datasets(config)
     features, classes = _describe(train)
     shape = tuple(train[0].shape[1:]) if is_arrays(train) else None
-    kind = "images" if shape and len(shape) == 3 else "tokens" if config.model == Model.TRANSFORMER_LM.value else "vectors"
+    kind = ("images" if shape and len(shape) == 3 else
+            "tokens" if config.model == Model.TRANSFORMER_LM.value else "vectors")
     return Datasets(train, evaluation, features, classes, shape, kind)
 
 
