@@ -111,6 +111,9 @@ def test_image_folder_checks(tmp_path):
     (tmp_path / "noimages" / "cat" / "notes.txt").write_text("x")
     with pytest.raises(ToolkitError, match=r"noimages/cat has no \.png/\.jpg images"):
         ondisk.image_folder(spec, str(tmp_path / "noimages"))
+    (tmp_path / "nested" / "cat" / "more").mkdir(parents=True)
+    with pytest.raises(ToolkitError, match="nested/cat/more is a folder inside a class folder"):
+        ondisk.image_folder(spec, str(tmp_path / "nested"))
     (tmp_path / "lonely" / "train" / "a").mkdir(parents=True)
     with pytest.raises(ToolkitError, match="has no .*/val beside it"):
         ondisk.image_folder(spec, str(tmp_path / "lonely"))

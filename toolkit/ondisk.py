@@ -85,6 +85,10 @@ def _scan(spec: str, root: Path) -> tuple[tuple[str, ...], list[Path]]:
                     f"({root}/<class>/*.png|jpg)")
     files = []
     for name in classes:
+        nested = next((e.name for e in os.scandir(root / name) if e.is_dir()), None)
+        if nested:      # torchvision and Keras would read it, Gluon would not: the held-out files would differ
+            _fail(spec, f"{root / name / nested} is a folder inside a class folder; move its images up into "
+                        f"{root / name} or remove it (the frameworks' readers disagree on nested folders)")
         mine = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
         if not mine:
             _fail(spec, f"{root / name} has no .png/.jpg images; remove the folder or add its images")
