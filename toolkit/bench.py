@@ -61,7 +61,6 @@ def measure(config: Config, options: Options) -> dict | None:
     import numpy as np
 
     from toolkit import api
-
     from toolkit.data import random_batch
 
     session = api.start(config)
@@ -140,11 +139,11 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
 
 def model_words(config: Config, options: Options) -> str:
     """What the benchmark trained, in a few words (the table's title)."""
-    from toolkit.config import IMAGE_MODELS
+    from toolkit.config import IMAGE_MODELS, Model
     if config.model in IMAGE_MODELS:
         size = config.image_size or 224
         return f"{config.model} on synthetic {size}x{size} images"
-    if config.model == "transformer_lm":
+    if config.model == Model.TRANSFORMER_LM.value:
         return (f"transformer_lm {config.hidden_layers}x{config.hidden_size}, {config.heads} heads, on "
                 f"{config.context} random tokens")
     return f"{config.model} {config.hidden_layers}x{config.hidden_size} on {options.features} features"

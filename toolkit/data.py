@@ -37,7 +37,6 @@ class Datasets:
     num_features: int | None
     num_classes: int | None
     input_shape: tuple | None = None    # one sample's shape: (features,), (3, H, W) / (H, W, 3), (context,)
-    kind: str = "vectors"               # vectors | images | tokens
 
 
 def channels_last(config: Config) -> bool:
@@ -66,25 +65,23 @@ def datasets(config: Config) -> Datasets:
     train, evaluation = usercode.load_datasets(config)
     features, classes = _describe(train)
     shape = tuple(train[0].shape[1:]) if is_arrays(train) else None
-    kind = ("images" if shape and len(shape) == 3 else
-            "tokens" if config.model == Model.TRANSFORMER_LM.value else "vectors")
-    return Datasets(train, evaluation, features, classes, shape, kind)
+    return Datasets(train, evaluation, features, classes, shape)
 
 
 def _on_disk(config: Config, kind: str, path: str) -> Datasets:
     from toolkit import ondisk
     if kind == "text":
         train, evaluation = ondisk.text(config.dataset, path, config.context)
-        return Datasets(train, evaluation, config.context, ondisk.VOCAB, (config.context,), "tokens")
+        return Datasets(train, evaluation, config.context, ondisk.VOCAB, (config.context,))
     if kind == "cifar10":
         train, evaluation = ondisk.cifar10(config.dataset, path, channels_last(config))
-        return Datasets(train, evaluation, 3 * 32 * 32, 10, image_shape(config, 32), "images")
+        return Datasets(train, evaluation, 3 * 32 * 32, 10, image_shape(config, 32))
     folder = ondisk.image_folder(config.dataset, path)
     import importlib
     reader = importlib.import_module(f"toolkit.adapters.{config.framework}.images")
     size = config.image_size or 224
     train, evaluation = reader.read(folder, config, size)
-    return Datasets(train, evaluation, 3 * size * size, len(folder.classes), image_shape(config, size), "images")
+    return Datasets(train, evaluation, 3 * size * size, len(folder.classes), image_shape(config, size))
 
 
 def synthetic_images(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
@@ -100,7 +97,7 @@ def synthetic_images(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
         pooled = x[:, :, : size - size % 4, : size - size % 4].reshape(n, 3, 4, size // 4, 4, size // 4).mean((3, 5))
         y = np.argmax(pooled.reshape(n, -1) @ teacher, axis=1).astype(np.int64)
         out.append((np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if channels_last(config) else x, y))
-    return Datasets(out[0], out[1], 3 * size * size, classes, image_shape(config, size), "images")
+    return Datasets(out[0], out[1], 3 * size * size, classes, image_shape(config, size))
 
 
 def synthetic_tokens(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
@@ -118,7 +115,7 @@ def synthetic_tokens(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
             noise = rng.rand(n) < 0.1
             tokens[:, t] = np.where(noise, rng.randint(0, VOCAB, n), successor[tokens[:, t - 1]])
         out.append((np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])))
-    return Datasets(out[0], out[1], config.context, VOCAB, (config.context,), "tokens")
+    return Datasets(out[0], out[1], config.context, VOCAB, (config.context,))
 
 
 def random_batch(config: Config, n: int, features: int, classes: int, rng):
