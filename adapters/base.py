@@ -339,7 +339,7 @@ class Session(abc.ABC):
         buffers = self._buffers()
         if not buffers or self.size == 1:
             return
-        from toolkit.compression import flatten, unflatten
+        from toolkit.arrays import flatten, unflatten
         arrays = [np.asarray(b, np.float64) for b in buffers]
         flat = self.allreduce(flatten(arrays), average=True, name="toolkit.buffers")
         self._set_buffers(unflatten(flat, arrays))

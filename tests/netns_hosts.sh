@@ -6,13 +6,15 @@
 #
 #   tests/netns_hosts.sh up DIR      create them; DIR gets the keys, ssh config and an `ssh` wrapper
 #   tests/netns_hosts.sh exec DIR HOST COMMAND...   run COMMAND on HOST (hostA or hostB)
+#   tests/netns_hosts.sh shape DIR RATE   limit the link to RATE each way (tc netem, e.g. 1gbit, 100mbit;
+#                                         "none" removes the limit): examples/compression_bench.py --hosts
 #   tests/netns_hosts.sh down DIR    stop the sshds, delete the namespaces (safe to repeat)
 #
 # `up` installs iproute2 and openssh-server with apt-get when they are missing.
 set -euo pipefail
 
-cmd=${1:?usage: netns_hosts.sh up|exec|down DIR ...}
-dir=${2:?usage: netns_hosts.sh up|exec|down DIR ...}
+cmd=${1:?usage: netns_hosts.sh up|exec|shape|down DIR ...}
+dir=${2:?usage: netns_hosts.sh up|exec|shape|down DIR ...}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 # Namespace names are unique per DIR, so two runs never share them.
@@ -102,5 +104,15 @@ case $cmd in
     up) up ;;
     down) down ;;
     exec) host=${3:?HOST}; shift 3; on "$host" "$@" ;;
-    *) echo "netns_hosts.sh: unknown command $cmd (up, exec, down)" >&2; exit 2 ;;
+    shape)
+        rate=${3:?usage: netns_hosts.sh shape DIR RATE|none}
+        for host in "${hosts[@]}"; do
+            ip -n "${ns[$host]}" link show tk0 >/dev/null   # the hosts are up
+            if [[ $rate == none ]]; then
+                ip netns exec "${ns[$host]}" tc qdisc del dev tk0 root 2>/dev/null || true
+            else
+                ip netns exec "${ns[$host]}" tc qdisc replace dev tk0 root netem rate "$rate" limit 10000
+            fi
+        done ;;
+    *) echo "netns_hosts.sh: unknown command $cmd (up, exec, shape, down)" >&2; exit 2 ;;
 esac

@@ -144,8 +144,9 @@ def test_compressed_exchange_gives_every_rank_the_same_model(compression):
     assert np.array_equal(a.w, b.w)
     dense = train(steps=100, momentum=0.0)[0][0].w
     assert loss_of(a.w) < 1.5 * loss_of(dense) and loss_of(dense) < 0.05, "it learns as well as uncompressed"
-    # 50 values: 200 dense bytes against 100 (bf16), 50 + 4 (int8), 5 x 3 (top-k), plus the 4-8 byte header
-    assert comm.summary()["compression_ratio"] > {"bf16": 1.9, "int8": 3.0, "topk": 8}[compression]
+    # 50 values: 200 dense bytes against 100 (bf16), 50 + 4 (int8), 5 x 3 (top-k), each part padded to
+    # 8 bytes, plus the 4-8 byte header
+    assert comm.summary()["compression_ratio"] > {"bf16": 1.8, "int8": 2.5, "topk": 6}[compression]
 
 
 def test_error_feedback_is_what_makes_top_k_learn():

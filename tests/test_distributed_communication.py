@@ -33,6 +33,55 @@ def test_topk_sends_a_hundredth_and_resumes_exactly(fw, tmp_path):
     assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
 
 
+def test_powersgd_trains_and_keeps_replicas_identical(fw):
+    """PowerSGD rank 2 through two allreduces a step, in every framework: the replicas end bit for bit
+    equal (every rank rebuilds the same P Q^T), and the digits MLP sends about a tenth of its values
+    (W1 64x64 -> (64 + 64) x 2, W2 10x64 -> (10 + 64) x 2, the 74 bias values whole: 478 of 4810)."""
+    out = train_job("gloo", digits(fw) + ["--epochs", "2", "--compression", "powersgd", "--powersgd-rank", "2"])
+    assert_replicas(out)
+    assert out["compression"] == "powersgd" and "powersgd rank 2" in out["path"]
+    assert out["bytes_sent_per_step"] == 478 * 4
+    assert out["compression_ms_per_step"] > 0
+    assert out["accuracy"] > 0.75       # two epochs: 0.86-0.89 measured (after one: 0.50, uncompressed 0.64)
+
+
+@pytest.mark.parametrize("fw", ["torch"], indirect=True)
+@pytest.mark.parametrize("method", [["--compression", "powersgd", "--powersgd-rank", "2"],
+                                    ["--compression", "topk", "--dgc", "--dgc-warmup-epochs", "1"]],
+                         ids=["powersgd", "dgc"])
+def test_powersgd_and_dgc_resume_exactly(fw, method, tmp_path):
+    """Their state (PowerSGD: the residuals and Q; DGC: the velocity and the momentum, and the density
+    warm-up by epoch) is saved per rank: a resume lands on the uninterrupted run's parameters."""
+    common = digits(fw) + method + ["--epochs", "2"]
+    straight = train_job("gloo", common + ["--checkpoint-dir", tmp_path / "a"])
+    assert_replicas(straight)
+    cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
+    resumed = train_job("gloo", common + ["--resume", "--checkpoint-dir", tmp_path / "b"])
+    assert_resumed(resumed, straight, cut)
+    assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
+
+
+@pytest.mark.parametrize("fw", ["torch"], indirect=True)
+def test_dgc_at_one_percent_stays_near_uncompressed_on_digits(fw):
+    """The default 10 epochs of digits, 2 ranks: top-k 1% with DGC's momentum correction (masking off)
+    within a recorded margin of uncompressed; measured 0.9722 vs 0.9778, docs/COMMUNICATION.md. Plain
+    top-k 1% lost 3.4 points at the same epochs (issue 19), so the margin can fail."""
+    dense = train_job("gloo", digits(fw))
+    dgc = train_job("gloo", digits(fw) + ["--compression", "topk", "--dgc", "--no-dgc-masking"])
+    assert_replicas(dgc)
+    assert dgc["accuracy"] >= dense["accuracy"] - 0.012, (dgc["accuracy"], dense["accuracy"])
+    assert dgc["compression_ratio"] > 15        # 4 warm-up epochs at 25% .. 1%, then 1%
+
+
+def test_one_rank_sends_nothing_but_still_compresses():
+    """At world size 1 nothing crosses the wire (Horovod skips its allreduce; the toolkit's exchange
+    has no one to send to): 0 bytes and no ratio; the method still runs (its cost is measured)."""
+    for flags in (["--compression", "fp16"], ["--compression", "topk"]):
+        out = train_job("single", digits("torch") + ["--epochs", "1", *flags])
+        assert out["bytes_sent_per_step"] == 0 and out["compression_ratio"] is None, (flags, out)
+    assert out["compression_ms_per_step"] > 0
+
+
 def test_local_sgd_with_one_local_step_equals_synchronous(fw, tmp_path, tmp_path_factory):
     """SGD with momentum is linear in what local SGD averages (parameters and momentum), so
     averaging after every step is the synchronous run (Horovod's optimizer), to float rounding;
@@ -94,7 +143,7 @@ def tensorboard_scalars(folder) -> dict:
 
 
 def test_bytes_and_ratio_reach_metrics_and_tensorboard(tmp_path):
-    out = train_job("single", digits("torch") + ["--epochs", "2", "--compression", "int8", "--log-dir", tmp_path])
+    out = train_job("gloo", digits("torch") + ["--epochs", "2", "--compression", "int8", "--log-dir", tmp_path])
     scalars = tensorboard_scalars(tmp_path)
     assert [step for step, _ in scalars["accuracy"]] == [out["steps"] // 2, out["steps"]]
     assert scalars["accuracy"][-1][1] == pytest.approx(out["accuracy"])

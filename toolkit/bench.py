@@ -108,11 +108,13 @@ def with_efficiency(rows: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict], samples_per_step: int) -> str:
-    lines = ["| workers | samples/s per worker | total samples/s | step ms | efficiency |",
-             "|---|---|---|---|---|"]
+    lines = ["| workers | samples/s per worker | total samples/s | step ms | compression ms/step | bytes/step/rank "
+             "| efficiency |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workers']} | {r['per_worker']:,.1f} +- {r['spread']:,.1f} | {r['total']:,.1f} | "
-                     f"{1000 * samples_per_step / r['per_worker']:.2f} | {100 * r['efficiency']:.1f}% |")
+                     f"{1000 * samples_per_step / r['per_worker']:.2f} | {r.get('compression_ms_per_step', 0):.2f} | "
+                     f"{r.get('bytes_sent_per_step', 0):,.0f} | {100 * r['efficiency']:.1f}% |")
     return "\n".join(lines)
 
 
@@ -157,7 +159,8 @@ def worker_command(config_file: Path, options: Options, result: Path) -> list[st
 
 
 def run(config: Config, options: Options, sizes: list[int], out: Path, controller: str | None,
-        timeout: float, extra_env: tuple[str, ...] = ()) -> list[dict]:
+        timeout: float, extra_env: tuple[str, ...] = (), hosts: str | None = None,
+        network_interface: str | None = None) -> list[dict]:
     """One launched job per world size; the table on stdout, bench.json and bench.png in `out`."""
     if config.backend.value == "native":
         raise ToolkitError("toolkit bench times Horovod jobs; for TensorFlow's own strategies use "
@@ -169,14 +172,15 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
     for n in sizes:
         result = out / f"np{n}.json"
         result.unlink(missing_ok=True)
-        spec = launch.LaunchSpec(command=tuple(worker_command(config_file, options, result)), np=n,
-                                 controller=controller, env=extra_env)
+        spec = launch.LaunchSpec(command=tuple(worker_command(config_file, options, result)), np=n, hosts=hosts,
+                                 controller=controller, env=extra_env, network_interface=network_interface)
         code = launch.run(spec, timeout=timeout)
         if code != 0 or not result.is_file():
             raise ToolkitError(f"bench: the {n}-worker job exited with code {code}; its output is above")
         measured = json.loads(result.read_text())
         rows.append({**summarize(measured), "np": n, "path": measured["path"], "device": measured["device"],
-                     "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"]})
+                     "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"],
+                     "compression_ms_per_step": measured["compression_ms_per_step"]})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps
     title = (f"{config.framework} {rows[0]['path']}, {model_words(config, options)} "

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit import numerics
-from toolkit.compression import GradientExchange, flatten, make, unflatten
+from toolkit import arrays, numerics
+from toolkit.compression import DGCExchange, GradientExchange, PowerSGDExchange, make
 from toolkit.config import Compression, Config, Op, Sync
 
 STATE_FILE = "communication.npz"
@@ -42,14 +42,25 @@ class Communication:
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
         self.warmup_steps = config.sync_warmup_steps
         self.clip_grad_norm, self.nan_guard = config.clip_grad_norm, config.nan_guard
-        self.exchange = GradientExchange(make(config.compression.value, config.topk_ratio),
-                                         bool(config.error_feedback), average=config.op is not Op.SUM) \
-            if self.toolkit else None
+        self.ops = arrays.of(session)
+        self.dgc = config.dgc
+        self.exchange = self._make_exchange(config) if self.toolkit else None
         self.horovod_value_bytes = 2 if config.compression is Compression.FP16 else 4
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.steps = 0              # optimizer steps since this process started
         self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
+
+    def _make_exchange(self, config: Config) -> GradientExchange:
+        average, ef = config.op is not Op.SUM, bool(config.error_feedback)
+        if config.compression is Compression.POWERSGD:
+            return PowerSGDExchange(make("none", ops=self.ops), ef, average, rank=config.powersgd_rank)
+        compressor = make(config.compression.value, config.topk_ratio, self.ops)
+        if config.dgc:
+            return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
+                               target_ratio=config.topk_ratio, warmup_epochs=config.dgc_warmup_epochs,
+                               masking=config.dgc_masking)
+        return GradientExchange(compressor, ef, average)
 
     # -- the trainer's calls -------------------------------------------------------------------
     def step(self, batches, step: int) -> float:
@@ -78,19 +89,27 @@ class Communication:
     def _exchange(self, grads, step: int) -> None:
         self.steps += 1
         if self.local_steps and step >= self.warmup_steps:
-            self.session.apply_gradients(self._clip(grads))
+            self.session.apply_gradients(self._clip([self.ops.asarray(g) for g in grads]))
             self.since_average += 1
             if self.since_average == self.local_steps:
                 self.average_models()
         else:
+            if self.dgc:
+                self.exchange.epoch = self._epoch(step)
             grads = self.exchange.exchange(grads, self.session, self.world)
             self.bytes_sent += self.exchange.last_bytes
             self.session.apply_gradients(self._clip(grads))
 
+    def _epoch(self, step: int) -> int:
+        """The epoch of global step `step`, from the session's (last) training loader; 0 without one."""
+        loaders = getattr(self.session, "loaders", None)
+        return step // loaders[-1].steps_per_epoch if loaders else 0
+
     def _clip(self, grads: list) -> list:
-        """The reduced (local SGD: this rank's) gradients clipped to clip_grad_norm; their norm to the session."""
-        if self.clip_grad_norm is not None or self.nan_guard:    # numpy already: the norm costs little here
-            grads, self.session.grad_norm = numerics.clip(grads, self.clip_grad_norm)
+        """The reduced (local SGD: this rank's) gradients clipped to clip_grad_norm (DGC clipped each rank's
+        own before the exchange); their norm to the session."""
+        if self.clip_grad_norm is not None or self.nan_guard:
+            grads, self.session.grad_norm = numerics.clip(grads, None if self.dgc else self.clip_grad_norm, self.ops)
         return grads
 
     def end_epoch(self) -> None:
@@ -99,12 +118,13 @@ class Communication:
             self.average_models()
 
     def average_models(self) -> None:
-        arrays = self.session.get_state()
-        flat = flatten(arrays)
+        ops = arrays.numpy_ops()
+        state = self.session.get_state()
+        flat = ops.flatten(state)
         if self.world > 1:
             flat = self.session.allreduce(flat, average=True)
             self.bytes_sent += flat.nbytes
-        self.session.set_state(unflatten(flat, arrays))
+        self.session.set_state(ops.unflatten(flat, state))
         self.since_average = 0
 
     def describe(self, session_path: str) -> str:
@@ -112,25 +132,47 @@ class Communication:
         if not self.toolkit:
             return session_path
         how = (f"local SGD (average every {self.local_steps} steps)" if self.local_steps else "every step")
-        return f"toolkit {self.exchange.compressor.name} exchange, {how}, over {self.session.name}'s Horovod collectives"
+        return f"toolkit {self.method} exchange, {how}, over {self.session.name}'s Horovod collectives"
+
+    @property
+    def method(self) -> str:
+        if isinstance(self.exchange, PowerSGDExchange):
+            return f"powersgd rank {self.exchange.rank}"
+        return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}"
 
     def summary(self) -> dict:
+        """Bytes this rank handed to collectives per optimizer step (0 at world size 1: nothing crosses
+        the wire), their ratio to dense float32, and the milliseconds per step spent compressing and
+        decompressing (0 for Horovod's path, whose fp16 casts happen inside Horovod)."""
         per_step = self.bytes_sent / self.steps if self.steps else 0.0
+        seconds = self.exchange.timer.seconds if self.exchange else 0.0
         return {"bytes_sent_per_step": per_step,
-                "compression_ratio": self.values * 4 / per_step if per_step else None}
+                "compression_ratio": self.values * 4 / per_step if per_step else None,
+                "compression_ms_per_step": 1000 * seconds / self.steps if self.steps else 0.0}
 
     # -- checkpoints: error-feedback residuals (one per rank) and the local SGD counter ---------
     def gather_state(self):
-        """Collective (every rank calls it): {name: array} for rank 0 to save, or None if stateless."""
+        """Collective (every rank calls it): {name: array} for rank 0 to save, or None if stateless.
+        Each of the exchange's per-rank buffers (residuals; DGC's momenta; PowerSGD's Q) is saved as
+        one row per rank."""
         import numpy as np
-        if not (self.exchange and self.exchange.error_feedback):
+        if not self.stateful:
             return None
-        residual = self.exchange.residual
-        if residual is None:
-            residual = np.zeros(self.values, np.float32)
-        rows = residual.view(np.uint8) if self.world == 1 else self.session.allgather(residual.view(np.uint8))
-        return {"residuals": np.frombuffer(rows.tobytes(), np.float32).reshape(self.world, -1),
-                "since_average": np.array(self.since_average)}
+        state = {name: self.ops.to_numpy(buf).astype(np.float32) for name, buf in self.exchange.state().items()}
+        if "residuals" not in state:
+            state["residuals"] = np.zeros(self.values, np.float32)
+        out = {}
+        for name in sorted(state):
+            flat = np.ascontiguousarray(state[name]).view(np.uint8)
+            rows = flat if self.world == 1 else self.session.allgather(flat)
+            out[name] = np.frombuffer(np.asarray(rows).tobytes(), np.float32).reshape(self.world, -1)
+        out["since_average"] = np.array(self.since_average)
+        return out
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.exchange) and (self.exchange.error_feedback or self.dgc
+                                        or isinstance(self.exchange, PowerSGDExchange))
 
     @staticmethod
     def write(folder: Path, state) -> None:
@@ -148,8 +190,8 @@ class Communication:
             return {k: data[k] for k in data.files}
 
     def load(self, state) -> str | None:
-        """Take this rank's residual from a saved state; returns a note when it cannot (starts from zero)."""
-        if not (self.exchange and self.exchange.error_feedback):
+        """Take this rank's exchange state from a saved one; returns a note when it cannot (starts from zero)."""
+        if not self.stateful:
             return None
         if state is None:
             return "the checkpoint has no error-feedback residuals (saved without them): starting from zero"
@@ -157,6 +199,7 @@ class Communication:
         if residuals.shape != (self.world, self.values):
             return (f"the checkpoint's error-feedback residuals are for {residuals.shape[0]} ranks x "
                     f"{residuals.shape[1]} values, this job has {self.world} x {self.values}: starting from zero")
-        self.exchange.residual = residuals[self.rank].copy()
+        self.exchange.load_state({name: self.ops.from_numpy(state[name][self.rank].copy())
+                                  for name in state if name != "since_average" and state[name].ndim == 2})
         self.since_average = int(state["since_average"])
         return None

@@ -1,51 +1,97 @@
-"""Gradient compression written once, on numpy, for every framework: bf16, int8, top-k, error feedback.
+"""Gradient compression, each method written once on the array namespace of toolkit/arrays.py
+(torch tensors on their device, or numpy): bf16, int8, top-k (+ DGC), PowerSGD, error feedback.
 
-What crosses the wire is the compressed payload itself: bf16 sends 2 bytes a value, int8 sends
-1 byte a value plus one float32 scale per block, top-k sends k position gaps (uint8 or uint16)
-and k bfloat16 values (see TopK).
-Payloads differ per rank (int8 scales, top-k positions), so they are exchanged with an allgather
-(the adapter's `allgather` of raw bytes, rows concatenated) and every rank decompresses all of them
-and averages: the same result on every rank, bit for bit.
+Two ways over the wire:
+- **Gathered** (bf16, int8, top-k): payloads differ per rank (int8 scales, top-k positions), so
+  they are exchanged with an allgather of raw bytes (top-k first allgathers its part lengths, which differ by rank; one
+  for the parts), and every rank decompresses and sums every payload in rank order: the same
+  result on every rank, bit for bit. bf16 cannot ride on Horovod's allreduce (Horovod 0.28.1 refuses
+  bfloat16 tensors: torch "Tensor type torch.BFloat16Tensor is not supported", TensorFlow "Value for
+  attr 'T' of bfloat16 is not in the list of allowed values"), nor can int8 (a sum of int8 values
+  overflows); fp16 does, as Horovod's own compression (toolkit/communication.py).
+- **PowerSGD** (Vogels et al. 2019) allreduces: a gradient matrix M (n x m, a tensor's first axis by
+  the rest) becomes P = M Q (n x r), allreduced and orthonormalised, then Q = M^T P (m x r),
+  allreduced; every rank rebuilds P Q^T. Q is warm-started from the previous step. Vectors and
+  matrices too small to gain (n m < 2 r (n + m), torch's rule) travel uncompressed in the P
+  allreduce. Its cost does not grow with the number of ranks, unlike an allgather's.
 
-Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019): each rank keeps,
-per parameter, what compression dropped and adds it to the next step's gradient, so nothing is lost,
-only delayed: `residual + sent == input` (to float32 rounding; exactly for what top-k did not keep).
+Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019): each rank keeps what
+compression dropped and adds it to the next step's gradient, so nothing is lost, only delayed:
+`residual + sent == input` (to float32 rounding).
 
-numpy is imported lazily (no framework, no numpy at `import toolkit`).
+DGC (Lin et al. 2018, "Deep Gradient Compression"), on top of top-k: momentum correction (each rank
+accumulates velocity u = m u + g and v += u, and sends the top-k of v, so the optimizer runs
+without momentum), factor masking (u is zeroed where a matrix's v was sent, as v is; `dgc_masking`),
+top-k per gradient matrix with vectors sent whole, local gradient clipping
+(each rank clips its own gradient to clip_grad_norm / sqrt(N) before accumulating), and a density
+warm-up (25% falling exponentially to the target over the first epochs).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import time
+from dataclasses import dataclass, field
+
+from toolkit import arrays
 
 INT8_BLOCK = 256      # values that share one float32 scale
+ALIGN = 8             # payload parts are padded to 8 bytes so each can be viewed as its dtype in place
+WARMUP_DENSITY = 0.25
+SAMPLE = 100_000      # top-k: values sampled (a fixed stride) to estimate the selection threshold
 
 
 class Compressor:
-    """compress(flat float32) -> payload (tuple of arrays); decompress(payload, n) -> flat float32."""
+    """compress(flat float32) -> payload (tuple of arrays); add_into(total, payload, n) adds one
+    rank's decompressed payload to a sum; subtract_sent(flat, payload) takes what was sent out of
+    flat (error feedback's residual). Each keeps its work buffers from step to step (`buffer`): the
+    payload it returns is overwritten by its next compress."""
     name = "none"
+
+    def __init__(self, ops=None):
+        self.ops = ops or arrays.numpy_ops()
+        self.buffers = {}
+
+    def buffer(self, name: str, n: int, dtype: str = "float32"):
+        b = self.buffers.get(name)
+        if b is None or len(b) != n or not str(b.dtype).endswith(dtype):
+            b = self.buffers[name] = self.ops.empty(n, dtype)
+        return b
 
     def compress(self, flat):
         return (flat,)
 
+    def lengths(self, n: int) -> list[int] | None:
+        """Every rank's payload part lengths when they follow from n alone (no header to exchange)."""
+        return [n]
+
+    def add_into(self, total, payload, n: int) -> None:
+        total += payload[0]
+
     def decompress(self, payload, n: int):
-        return payload[0]
+        out = self.ops.zeros(n)
+        self.add_into(out, payload, n)
+        return out
+
+    def subtract_sent(self, flat, payload) -> None:
+        flat -= self.decompress(payload, len(flat))
 
 
 class BF16(Compressor):
-    """bfloat16 by round-to-nearest-even on the upper 16 bits of float32 (numpy has no bfloat16)."""
+    """bfloat16: 2 bytes a value, round to nearest even."""
     name = "bf16"
 
     def compress(self, flat):
-        import numpy as np
-        bits = np.ascontiguousarray(flat, dtype=np.float32).view(np.uint32)
-        rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-        return (((bits + rounding) >> 16).astype(np.uint16),)
+        n = len(flat)
+        return (self.ops.bf16_bits(flat, out=self.buffer("bits", n, "uint16"), scratch=self.buffer("scratch", n, "uint32")),)
 
-    def decompress(self, payload, n: int):
-        import numpy as np
-        return (payload[0].astype(np.uint32) << 16).view(np.float32)
+    def _values(self, bits):
+        return self.ops.from_bf16_bits(bits, out=self.buffer("values", len(bits)))
+
+    def add_into(self, total, payload, n: int) -> None:
+        total += self._values(payload[0])
+
+    def subtract_sent(self, flat, payload) -> None:
+        flat -= self._values(payload[0])
 
 
 class Int8(Compressor):
@@ -53,148 +99,428 @@ class Int8(Compressor):
     name = "int8"
 
     def compress(self, flat):
-        import numpy as np
-        n = len(flat)
+        ops, n = self.ops, len(flat)
         blocks = math.ceil(n / INT8_BLOCK)
-        padded = np.zeros(blocks * INT8_BLOCK, np.float32)
+        padded = self.buffer("padded", blocks * INT8_BLOCK)
         padded[:n] = flat
-        padded = padded.reshape(blocks, INT8_BLOCK)
-        scales = np.abs(padded).max(axis=1) / 127.0
-        safe = np.where(scales > 0, scales, 1.0)
-        q = np.clip(np.rint(padded / safe[:, None]), -127, 127).astype(np.int8)
-        return q.reshape(-1)[:n], scales.astype(np.float32)
+        padded[n:] = 0
+        rows = padded.reshape(blocks, INT8_BLOCK)
+        scales = ops.row_max(ops.abs(rows, out=self.buffer("mags", blocks * INT8_BLOCK).reshape(blocks, INT8_BLOCK))) / 127.0
+        rows /= ops.where(scales > 0, scales, 1.0).reshape(blocks, 1)   # (x * (1 / tiny scale): 0 * inf)
+        ops.clip(ops.rint(padded, out=padded), -127, 127, out=padded)
+        q = self.buffer("q", n, "int8")
+        q[:] = padded[:n]
+        rows *= scales.reshape(blocks, 1)           # the dequantised values, kept for subtract_sent
+        return q, scales
 
-    def decompress(self, payload, n: int):
-        import numpy as np
+    def lengths(self, n: int) -> list[int]:
+        return [n, math.ceil(n / INT8_BLOCK)]
+
+    def _values(self, payload, n: int):
         q, scales = payload
-        return (q.astype(np.float32) * np.repeat(scales, INT8_BLOCK)[:n]).astype(np.float32)
+        blocks = len(scales)
+        values = self.buffer("values", blocks * INT8_BLOCK)
+        values[:n] = q
+        values[n:] = 0
+        values.reshape(blocks, INT8_BLOCK)[:] *= scales.reshape(blocks, 1)
+        return values[:n]
+
+    def add_into(self, total, payload, n: int) -> None:
+        total += self._values(payload, n)
+
+    def subtract_sent(self, flat, payload) -> None:
+        flat -= self.buffers["padded"][:len(flat)]       # what compress sent, dequantised
 
 
 class TopK(Compressor):
     """The k = ceil(ratio * n) largest magnitudes: k position gaps and k bfloat16 values.
 
+    Selection, as DGC does it: a threshold estimated on a strided sample of the magnitudes (at
+    about twice the density), the candidates above it (one pass), then the exact top-k among them;
+    when fewer than k pass, the exact top-k of all. Either way exactly the k largest.
     Positions travel as gaps from the previous kept position, uint8 when the mean gap (1 / ratio)
     fits in one (ratio >= 1/128: 3 bytes a kept value) and uint16 otherwise (4 bytes a kept value).
     A gap over the width's maximum is bridged by zero-valued filler entries. The width depends
-    only on the ratio, so every rank reads every other rank's payload the same way. At 1% density
-    that is about 1/130 of the dense float32 bytes, at 0.1% about 1/1000. bf16 rounding of the
-    kept values, like the values not kept, goes to the error-feedback residual.
+    only on the ratio, which every rank shares, so every rank reads every payload the same way. At
+    1% density that is about 1/130 of the dense float32 bytes, at 0.1% about 1/1000. bf16 rounding
+    of the kept values, like the values not kept, goes to the error-feedback residual.
     """
     name = "topk"
 
-    def __init__(self, ratio: float):
+    def __init__(self, ratio: float, ops=None):
+        super().__init__(ops)
         self.ratio = ratio
-        self.gap_dtype = "uint8" if ratio >= 1 / 128 else "uint16"
+        self.positions = None         # the last compress's kept positions (DGC masks them)
+
+    @property
+    def gap_dtype(self) -> str:
+        return "uint8" if self.ratio >= 1 / 128 else "uint16"
 
     def k(self, n: int) -> int:
         return max(1, min(n, math.ceil(self.ratio * n)))
 
-    def select(self, flat):
-        """Sorted int64 positions of the k largest magnitudes."""
-        import numpy as np
-        k = self.k(len(flat))
-        return np.sort(np.argpartition(np.abs(flat), len(flat) - k)[len(flat) - k:])
+    def lengths(self, n: int) -> None:
+        return None                   # filler entries make the length differ by rank
+
+    def select(self, flat, k: int | None = None, key: str = ""):
+        """Ascending positions of flat's k largest magnitudes (`key` names the work buffers: one set
+        per tensor when DGC selects tensor by tensor)."""
+        ops, n = self.ops, len(flat)
+        k = k or self.k(n)
+        mags = ops.abs(flat, out=self.buffer("mags" + key, n))
+        if n < 4 * SAMPLE or 8 * k > n:
+            return ops.topk_positions(mags, k)
+        sample = mags[::n // SAMPLE]
+        threshold = ops.kth_largest(sample, min(len(sample), math.ceil(2 * k * len(sample) / n)))
+        candidates = ops.nonzero(ops.greater_equal(mags, threshold, out=self.buffer("mask" + key, n, "bool")))
+        if len(candidates) < k:
+            return ops.topk_positions(mags, k)
+        return candidates[ops.topk_positions(mags[candidates], k)]
 
     def compress(self, flat):
-        import numpy as np
-        limit = int(np.iinfo(self.gap_dtype).max)
-        idx = self.select(flat)
-        gaps = np.diff(idx, prepend=-1)                       # >= 1
+        return self.encode(flat, self.select(flat))
+
+    def encode(self, flat, idx):
+        """The payload of flat's values at `idx` (ascending int64 positions)."""
+        ops = self.ops
+        limit = 255 if self.gap_dtype == "uint8" else 65535
+        self.positions = idx
+        gaps = ops.diff_from(idx, -1)                         # >= 1
         fillers = (gaps - 1) // limit                         # entries of gap `limit` before each real one
-        count = len(idx) + int(fillers.sum())
-        out_gaps = np.full(count, limit, self.gap_dtype)
-        values = np.zeros(count, np.float32)
-        real = np.cumsum(fillers + 1) - 1                     # where each real entry lands
+        real = ops.cumsum(fillers + 1) - 1                    # where each real entry lands
+        count = int(real[-1]) + 1
+        out_gaps = ops.full(count, limit, "int64")
+        values = ops.zeros(count)
         out_gaps[real] = gaps - limit * fillers
         values[real] = flat[idx]
-        return out_gaps, BF16().compress(values)[0]
+        return ops.astype(out_gaps, self.gap_dtype), ops.bf16_bits(values)
 
-    def decompress(self, payload, n: int):
-        import numpy as np
+    def _positions_values(self, payload):
         gaps, values = payload
-        out = np.zeros(n, np.float32)
-        positions = np.cumsum(gaps.astype(np.int64)) - 1
-        np.add.at(out, positions, BF16().decompress((values,), len(values)))
-        return out
+        return self.ops.cumsum(self.ops.astype(gaps, "int64")) - 1, self.ops.from_bf16_bits(values)
+
+    def add_into(self, total, payload, n: int) -> None:
+        positions, values = self._positions_values(payload)      # strictly increasing: no repeats
+        total[positions] += values
+
+    def subtract_sent(self, flat, payload) -> None:
+        positions, values = self._positions_values(payload)
+        flat[positions] -= values
 
 
-def flatten(arrays):
-    """One float32 vector of the arrays' values, in order (what one collective carries)."""
-    import numpy as np
-    return np.concatenate([np.asarray(a, np.float32).reshape(-1) for a in arrays])
-
-
-def unflatten(flat, like) -> list:
-    """`flat` cut back into arrays shaped (and typed) like `like`."""
-    import numpy as np
-    out, start = [], 0
-    for a in like:
-        size = int(np.prod(np.shape(a)))
-        out.append(flat[start:start + size].reshape(np.shape(a)).astype(np.asarray(a).dtype, copy=False))
-        start += size
-    return out
-
-
-def make(name: str, topk_ratio: float | None = None) -> Compressor:
+def make(name: str, topk_ratio: float | None = None, ops=None) -> Compressor:
     if name == "topk":
-        return TopK(topk_ratio)
-    return {"none": Compressor, "bf16": BF16, "int8": Int8}[name]()
+        return TopK(topk_ratio, ops)
+    return {"none": Compressor, "bf16": BF16, "int8": Int8}[name](ops)
 
 
 def payload_bytes(payload) -> int:
-    return int(sum(a.nbytes for a in payload))
+    return int(sum(len(a) * a.dtype.itemsize for a in payload))
+
+
+def density(target: float, epoch: int, warmup_epochs: int) -> float:
+    """DGC's warm-up: 25% at epoch 0, falling exponentially to `target` at `warmup_epochs`."""
+    if epoch >= warmup_epochs or target >= WARMUP_DENSITY:
+        return target
+    return WARMUP_DENSITY * (target / WARMUP_DENSITY) ** (epoch / warmup_epochs)
+
+
+class Timer:
+    """Seconds spent compressing and decompressing (queued device work waited for at each read)."""
+
+    def __init__(self, ops):
+        self.ops, self.seconds, self.t0 = ops, 0.0, None
+
+    def start(self) -> None:
+        self.ops.synchronize()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self.ops.synchronize()
+        self.seconds += time.perf_counter() - self.t0
 
 
 @dataclass
 class GradientExchange:
-    """Compress each rank's gradients, exchange the payloads, return the mean (or sum) on every rank.
+    """Compress each rank's gradients, exchange them, return the mean (or sum) on every rank.
 
-    `comm` is the adapter (adapters/base.py): `allgather(uint8 array)` concatenates the ranks'
-    arrays along axis 0, `allreduce(array, average)` reduces them. One step's gradients travel as
-    one flat buffer: a compressed payload is sent as its raw bytes, every part back to back (one
-    allgather), after a small header of part lengths (one more), since lengths differ by rank.
-    Uncompressed gradients (local SGD's warm-up) take one float32 allreduce.
+    `comm` is the session (adapters/base.py): `allgather(uint8 buffer)` concatenates the ranks'
+    buffers, `allreduce(float32 buffer, average)` reduces them, both in the namespace `ops`.
+    One step's gradients travel as one flat float32 buffer. `last_bytes` is what this rank handed
+    to collectives in the last step: 0 at world size 1, where nothing crosses the wire (the method
+    still runs, so a 1-rank job shows its effect and its cost).
     """
     compressor: Compressor
     error_feedback: bool
     average: bool = True                       # False: op sum (the sum of the ranks' mean gradients)
+    ops: object = None
     residual: object = None                    # flat float32, this rank's, when error_feedback
-    last_bytes: int = 0                        # what this rank sent in the last step
+    last_bytes: int = 0
+    timer: Timer = field(init=False)
 
-    def exchange(self, grads: Sequence, comm, world_size: int) -> list:
-        import numpy as np
-        flat = flatten(grads)
-        n = len(flat)
+    def __post_init__(self):
+        self.ops = self.ops or self.compressor.ops
+        self.compressor.ops = self.ops
+        self.timer = Timer(self.ops)
+        self.spare = None           # the next step's flat buffer (the last residual's, or the last flat)
+        self.total = None           # the sum of the ranks' payloads, reused every step
+
+    def _buffer(self, n: int):
+        b, self.spare = self.spare, None
+        return b if b is not None and len(b) == n else self.ops.empty(n)
+
+    def _total(self, n: int):
+        if self.total is None or len(self.total) != n:
+            self.total = self.ops.empty(n)
+        self.total[:] = 0
+        return self.total
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        """The reduced gradients, shaped like `grads`: views into a buffer that the next exchange reuses."""
+        n = sum(math.prod(self.ops.shape(g)) for g in grads)
+        flat = self.ops.flatten(grads, out=self._buffer(n))
+        return self.ops.unflatten(self.exchange_flat(flat, comm, world_size), grads)
+
+    def exchange_flat(self, flat, comm, world_size: int):
         if self.compressor.name == "none":
-            self.last_bytes = flat.nbytes
-            out = comm.allreduce(flat, average=self.average) if world_size > 1 else flat
+            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
+        n = len(flat)
+        self.timer.start()
+        if self.error_feedback and self.residual is not None:
+            flat += self.residual
+        payload = self.compressor.compress(flat)
+        if self.error_feedback:
+            self.compressor.subtract_sent(flat, payload)
+            self.spare, self.residual = self.residual, flat
         else:
-            if self.error_feedback:
-                if self.residual is None:
-                    self.residual = np.zeros(n, np.float32)
-                flat = flat + self.residual
-            payload = self.compressor.compress(flat)
-            if self.error_feedback:
-                self.residual = flat - self.compressor.decompress(payload, n)
-            total = self._gather_and_sum(payload, n, comm, world_size)
-            out = (total / world_size if self.average else total).astype(np.float32)
-        return unflatten(out, grads)
+            self.spare = flat
+        self.timer.stop()
+        total = self._gather_and_sum(payload, n, comm, world_size)
+        if self.average and world_size > 1:
+            total /= world_size
+        return total
+
+    def state(self) -> dict:
+        """This rank's flat float32 state for checkpoints (name -> buffer), or {}."""
+        return {"residuals": self.residual} if self.error_feedback and self.residual is not None else {}
+
+    def load_state(self, state: dict) -> None:
+        if "residuals" in state:
+            self.residual = state["residuals"]
+
+    def _pack(self, payload):
+        """(header int32 lengths, one uint8 blob of the parts, each padded to ALIGN bytes)."""
+        ops, parts = self.ops, []
+        for part in payload:
+            raw = ops.as_bytes(part)
+            pad = -len(raw) % ALIGN
+            parts.append(ops.cat([raw, ops.zeros(pad, "uint8")]) if pad else raw)
+        lengths = ops.from_numpy(self.ops.np.array([len(p) for p in payload], self.ops.np.int32))
+        return ops.as_bytes(lengths), ops.cat(parts)
 
     def _gather_and_sum(self, payload, n: int, comm, world_size: int):
-        import numpy as np
-        dtypes = [part.dtype for part in payload]
-        header = np.array([len(part) for part in payload], np.int32).view(np.uint8)
-        blob = np.concatenate([np.ascontiguousarray(part).view(np.uint8).reshape(-1) for part in payload])
-        self.last_bytes = header.nbytes + blob.nbytes
+        ops = self.ops
         if world_size == 1:
-            return self.compressor.decompress(payload, n).astype(np.float64)
-        lengths = np.frombuffer(comm.allgather(header).tobytes(), np.int32).reshape(world_size, len(payload))
-        blobs = comm.allgather(blob).tobytes()
-        total, offset = np.zeros(n, np.float64), 0
+            self.last_bytes = 0
+            self.timer.start()
+            total = self._total(n)
+            self.compressor.add_into(total, payload, n)
+            self.timer.stop()
+            return total
+        dtypes = [part.dtype for part in payload]
+        header, blob = self._pack(payload)
+        fixed = self.compressor.lengths(n)
+        if fixed is None:       # lengths differ by rank: one small allgather of them first
+            self.last_bytes = len(header) + len(blob)
+            lengths = ops.to_numpy(comm.allgather(header)).view("int32").reshape(world_size, len(payload))
+        else:
+            self.last_bytes = len(blob)
+            lengths = ops.np.array([fixed] * world_size)
+        blobs = comm.allgather(blob)
+        self.timer.start()
+        total, offset = self._total(n), 0
         for r in range(world_size):
             parts = []
             for j, dtype in enumerate(dtypes):
-                parts.append(np.frombuffer(blobs, dtype, count=int(lengths[r, j]), offset=offset))
-                offset += int(lengths[r, j]) * dtype.itemsize
-            total += self.compressor.decompress(tuple(parts), n)
+                count = int(lengths[r, j])
+                parts.append(ops.from_bytes(blobs, dtype, count, offset))
+                offset += count * ops.itemsize(dtype) + (-count * ops.itemsize(dtype)) % ALIGN
+            self.compressor.add_into(total, tuple(parts), n)
+        self.timer.stop()
         return total
+
+
+@dataclass
+class DGCExchange(GradientExchange):
+    """Top-k with DGC's momentum correction, factor masking, local clipping and density warm-up.
+    `residual` is DGC's accumulated velocity v; `momentum_buffer` is u."""
+    momentum: float = 0.9
+    clip_norm: float | None = None             # clip_grad_norm; each rank clips to clip_norm / sqrt(N)
+    target_ratio: float = 0.01
+    warmup_epochs: int = 4
+    masking: bool = True                       # momentum factor masking (the paper's; measured in docs)
+    epoch: int = 0                             # set by toolkit/communication.py before each step
+    momentum_buffer: object = None
+    segments: list = None                      # (start, size) of each gradient matrix, top-k'd on its own
+    whole: object = None                       # positions of the vectors' values, always sent
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        if self.segments is None:
+            self._make_plan(grads)
+        return super().exchange(grads, comm, world_size)
+
+    def _make_plan(self, grads) -> None:
+        """DGC selects layer by layer, and sends vectors (biases, normalisation scales) whole: they are
+        small, and a global top-k can starve a layer whose gradients are small in magnitude."""
+        ops, start, whole = self.ops, 0, []
+        self.segments = []
+        for g in grads:
+            shape = ops.shape(g)
+            size = math.prod(shape)
+            if len(shape) >= 2:
+                self.segments.append((start, size))
+            else:
+                whole.extend(range(start, start + size))
+            start += size
+        self.whole = ops.from_numpy(ops.np.array(whole, ops.np.int64))
+
+    def _select(self, v):
+        ratio, ops = self.compressor.ratio, self.ops
+        parts = []
+        for start, size in self.segments:
+            k = max(1, min(size, math.ceil(ratio * size)))
+            parts.append(self.compressor.select(v[start:start + size], k, key=str(start)) + start)
+        selected = ops.cat(parts) if parts else self.whole[:0]
+        return selected, ops.sort(ops.cat([self.whole, selected])) if len(self.whole) else selected
+
+    def exchange_flat(self, flat, comm, world_size: int):
+        ops, topk = self.ops, self.compressor
+        self.timer.start()
+        if self.clip_norm is not None:
+            norm = math.sqrt(ops.dot(flat))
+            limit = self.clip_norm / math.sqrt(world_size)
+            if norm > limit:
+                flat *= limit / (norm + 1e-6)
+        if self.momentum_buffer is None:
+            self.momentum_buffer, self.residual = ops.zeros(len(flat)), ops.zeros(len(flat))
+        u, v = self.momentum_buffer, self.residual
+        u *= self.momentum
+        u += flat                                          # u = m u + g
+        v += u                                             # v = v + u
+        self.spare = flat
+        topk.ratio = density(self.target_ratio, self.epoch, self.warmup_epochs)
+        if self.segments is not None:
+            masked, positions = self._select(v)
+            payload = topk.encode(v, positions)
+        else:
+            payload = topk.compress(v)
+            masked = topk.positions
+        topk.subtract_sent(v, payload)                     # what was sent leaves v (bf16 rounding stays)
+        if self.masking:
+            u[masked] = 0                                  # momentum factor masking
+        self.timer.stop()
+        total = self._gather_and_sum(payload, len(flat), comm, world_size)
+        if self.average and world_size > 1:
+            total /= world_size
+        return total
+
+    def state(self) -> dict:
+        if self.residual is None:
+            return {}
+        return {"residuals": self.residual, "momenta": self.momentum_buffer}
+
+    def load_state(self, state: dict) -> None:
+        if "residuals" in state and "momenta" in state:
+            self.residual, self.momentum_buffer = state["residuals"], state["momenta"]
+
+
+@dataclass
+class PowerSGDExchange(GradientExchange):
+    """PowerSGD rank `rank` through two allreduces per step (see the module's docstring)."""
+    rank: int = 1
+    shapes: list = None                        # the gradients' shapes, set at the first step
+    q: object = None                           # every compressed matrix's Q, one flat buffer
+    plan: list = None                          # (start, rows, cols, compressed, q_start) per gradient
+
+    def _make_plan(self, grads) -> None:
+        r, q_size, self.plan = self.rank, 0, []
+        self.shapes = [self.ops.shape(g) for g in grads]
+        start = 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            rows = shape[0] if len(shape) >= 2 else 1
+            cols = size // rows if rows else 0
+            compressed = len(shape) >= 2 and rows * cols >= 2 * r * (rows + cols)
+            self.plan.append((start, rows, cols, compressed, q_size))
+            q_size += cols * r if compressed else 0
+            start += size
+        if self.q is None or len(self.q) != q_size:     # else Q came from a checkpoint
+            # the same random start on every rank (a fixed seed), as torch's hook does
+            self.q = self.ops.random_normal(q_size, seed=0) if q_size else self.ops.zeros(0)
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        if self.plan is None or [self.ops.shape(g) for g in grads] != self.shapes:
+            self._make_plan(grads)
+        return super().exchange(grads, comm, world_size)
+
+    def exchange_flat(self, flat, comm, world_size: int):
+        ops, r = self.ops, self.rank
+        squeezed = [p for p in self.plan if p[3]]
+        self.timer.start()
+        if self.error_feedback and self.residual is not None:
+            flat += self.residual
+        ps = [ops.matrix(flat, s, rows, cols) @ ops.matrix(self.q, qs, cols, r) for s, rows, cols, _, qs in squeezed]
+        dense = [flat[s:s + rows * cols] for s, rows, cols, c, _ in self.plan if not c]
+        first = ops.cat([*(p.reshape(-1) for p in ps), *dense]) if ps or dense else ops.zeros(0)
+        self.timer.stop()
+        sent = len(first)
+        if world_size > 1:
+            first = comm.allreduce(first, average=True)
+        self.timer.start()
+        if self.total is None or len(self.total) != len(flat):
+            self.total = ops.empty(len(flat))
+        out, offset, qs_new = self.total, 0, []          # every value of it is written below
+        ps_reduced = []
+        for (s, rows, cols, _, qs), p in zip(squeezed, ps):
+            p = ops.orthonormal(first[offset:offset + rows * r].reshape(rows, r))
+            ps_reduced.append(p)
+            qs_new.append((ops.matrix(flat, s, rows, cols).T @ p).reshape(-1))
+            offset += rows * r
+        for s, rows, cols, c, _ in self.plan:
+            if not c:
+                out[s:s + rows * cols] = first[offset:offset + rows * cols]
+                offset += rows * cols
+        q = ops.cat(qs_new) if qs_new else ops.zeros(0)
+        self.timer.stop()
+        sent += len(q)
+        if world_size > 1 and len(q):
+            q = comm.allreduce(q, average=True)
+        self.timer.start()
+        self.q = q
+        for (s, rows, cols, _, qs), p in zip(squeezed, ps_reduced):
+            ops.matmul(p, ops.matrix(q, qs, cols, r).T, out=ops.matrix(out, s, rows, cols))
+        if self.error_feedback:
+            flat -= out
+            for s, rows, cols, c, _ in self.plan:
+                if not c:
+                    flat[s:s + rows * cols] = 0             # sent whole: nothing held back
+            self.spare, self.residual = self.residual, flat
+        else:
+            self.spare = flat
+        self.timer.stop()
+        self.last_bytes = sent * 4 if world_size > 1 else 0
+        if not self.average:
+            out *= world_size
+        return out
+
+    def state(self) -> dict:
+        out = super().state()
+        if self.q is not None:
+            out["powersgd_q"] = self.q
+        return out
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if "powersgd_q" in state:
+            self.q = state["powersgd_q"]

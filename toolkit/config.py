@@ -69,9 +69,10 @@ class Compression(str, enum.Enum):
     BF16 = "bf16"           # the rest are the toolkit's (toolkit/compression.py)
     INT8 = "int8"
     TOPK = "topk"
+    POWERSGD = "powersgd"
 
 
-TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK)
+TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK, Compression.POWERSGD)
 
 
 class Sync(str, enum.Enum):
@@ -145,11 +146,20 @@ class Config:
     lr_scaling: LrScaling = _f(LrScaling.NONE, "scale lr by world size")
     warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs")
     compression: Compression = _f(Compression.NONE, "gradient compression on the wire: fp16 is Horovod's; "
-                                                    "bf16, int8 and topk are the toolkit's")
+                                                    "bf16, int8, topk and powersgd are the toolkit's")
     topk_ratio: Optional[float] = _f(None, "compression topk: fraction of gradient values sent, in (0, 1]; "
                                            "unset = 0.01")
-    error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk: add what was not sent to the next "
-                                              "step's gradient; unset = true")
+    dgc: bool = _f(False, "compression topk: Deep Gradient Compression (momentum correction and masking: the SGD "
+                          "momentum moves into the exchange; local clipping at clip_grad_norm/sqrt(N); density "
+                          "warm-up from 0.25 of the values)")
+    dgc_warmup_epochs: Optional[int] = _f(None, "dgc: epochs over which the density falls from 0.25 to topk_ratio; "
+                                                "unset = 4 (the paper's), 0 = none")
+    dgc_masking: bool = _f(True, "dgc: momentum factor masking (zero the momentum where a value was sent, as the "
+                                 "paper does); false keeps it (measured better on short runs, docs/COMMUNICATION.md)")
+    powersgd_rank: Optional[int] = _f(None, "compression powersgd: rank r of each gradient matrix's approximation "
+                                            "(P n x r, Q m x r); unset = 1 (torch's hook's default)")
+    error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk/powersgd: add what was not sent to the "
+                                              "next step's gradient; unset = true")
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
                                      "steps, then the models averaged), or a parameter server: async_ps (no "
                                      "waiting) or ssp (no worker more than `staleness` steps ahead)")
@@ -294,7 +304,7 @@ class Config:
         if fractions and self.sync not in PS_SYNCS:
             if self.toolkit_exchange or self.elastic:
                 raise ToolkitError("uneven_data under sync every_step needs Horovod's join in its distributed "
-                                   "optimizer: drop compression bf16/int8/topk, local_sgd and elastic, or use sync ssp")
+                                   "optimizer: drop compression bf16/int8/topk/powersgd, local_sgd and elastic, or use sync ssp")
         return fractions
 
     def straggler_delays(self) -> dict[int, float]:
@@ -302,6 +312,37 @@ class Config:
         ms = _rank_values(self.straggler, lambda v: v >= 0, f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] "
                           "with RANK >= 0 and MS >= 0 milliseconds, e.g. --straggler 1:50")
         return {rank: value / 1000 for rank, value in ms.items()}
+
+    def _check_dgc_powersgd(self) -> None:
+        if self.powersgd_rank is not None:
+            if self.compression is not Compression.POWERSGD:
+                raise ToolkitError(f"powersgd_rank applies to compression: powersgd (got compression="
+                                   f"{self.compression.value!r}); add --compression powersgd or drop powersgd_rank")
+            if self.powersgd_rank < 1:
+                _bad("powersgd_rank", self.powersgd_rank, "must be a positive integer", example="2")
+        if not self.dgc_masking and not self.dgc:
+            raise ToolkitError("dgc_masking applies with dgc: true; add --dgc or drop dgc_masking")
+        if self.dgc_warmup_epochs is not None and not self.dgc:
+            raise ToolkitError("dgc_warmup_epochs applies with dgc: true; add --dgc or drop dgc_warmup_epochs")
+        if self.dgc_warmup_epochs is not None and self.dgc_warmup_epochs < 0:
+            _bad("dgc_warmup_epochs", self.dgc_warmup_epochs, "must be >= 0", example="4")
+        if not self.dgc:
+            return
+        if self.compression is not Compression.TOPK:
+            raise ToolkitError(f"dgc applies to compression: topk (got compression={self.compression.value!r}); "
+                               "add --compression topk or drop dgc")
+        if self.optimizer is not Optimizer.SGD:
+            raise ToolkitError(f"dgc corrects SGD's momentum (got optimizer={self.optimizer.value!r}); "
+                               "use optimizer: sgd or drop dgc")
+        if self.error_feedback is False:
+            raise ToolkitError("dgc accumulates what was not sent (its error feedback); drop error_feedback: false")
+        if self.sync is not Sync.EVERY_STEP:
+            raise ToolkitError(f"dgc runs with sync: every_step (got sync={self.sync.value!r}); drop dgc or the sync")
+
+    @property
+    def optimizer_momentum(self) -> float:
+        """The momentum the built-in SGD runs with: none under dgc, whose exchange applies it."""
+        return 0.0 if self.dgc else self.momentum
 
     def _check_communication(self) -> None:
         """The communication keys, alone and together; their defaults are filled in here."""
@@ -314,8 +355,9 @@ class Config:
                 _bad("topk_ratio", self.topk_ratio, "must be in (0, 1] (the fraction of values sent)",
                      example="0.01")
         if self.error_feedback and not toolkit_compression:
-            raise ToolkitError(f"error_feedback applies to compression bf16, int8 or topk (got compression="
+            raise ToolkitError(f"error_feedback applies to compression bf16, int8, topk or powersgd (got compression="
                                f"{self.compression.value!r}, which loses nothing to feed back); drop it")
+        self._check_dgc_powersgd()
         if self.sync is Sync.LOCAL_SGD:
             if self.local_steps is not None and self.local_steps < 1:
                 _bad("local_steps", self.local_steps, "must be a positive integer (steps between averages)",
@@ -339,6 +381,10 @@ class Config:
         # defaults that depend on other keys
         if self.compression is Compression.TOPK and self.topk_ratio is None:
             object.__setattr__(self, "topk_ratio", 0.01)
+        if self.compression is Compression.POWERSGD and self.powersgd_rank is None:
+            object.__setattr__(self, "powersgd_rank", 1)
+        if self.dgc and self.dgc_warmup_epochs is None:
+            object.__setattr__(self, "dgc_warmup_epochs", 4)
         if toolkit_compression and self.error_feedback is None:
             object.__setattr__(self, "error_feedback", True)
         if self.sync is Sync.LOCAL_SGD and self.local_steps is None:

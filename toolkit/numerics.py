@@ -25,12 +25,14 @@ def clip_factor(norm: float, max_norm: float | None) -> float | None:
     return factor if factor < 1 else None
 
 
-def clip(grads: list, max_norm: float | None) -> tuple[list, float]:
-    """numpy gradients scaled so their global L2 norm is at most `max_norm`; (grads, norm before)."""
-    import numpy as np
-    norm = math.sqrt(sum(float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64))) for g in grads))
+def clip(grads: list, max_norm: float | None, ops=None) -> tuple[list, float]:
+    """Gradients (in the namespace `ops` of toolkit/arrays.py, numpy by default) scaled so their global
+    L2 norm is at most `max_norm`; (grads, norm before)."""
+    from toolkit import arrays
+    ops = ops or arrays.numpy_ops()
+    norm = math.sqrt(sum(ops.dot(g.reshape(-1)) for g in grads))
     if (factor := clip_factor(norm, max_norm)) is not None:
-        grads = [(g * factor).astype(g.dtype) for g in grads]
+        grads = [g * factor for g in grads]
     return grads, norm
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit import checkpoint, data as datasets, numerics, schedule
-from toolkit.compression import flatten, unflatten
+from toolkit.arrays import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
 from toolkit.errors import ToolkitError, print_error
 from toolkit.metrics import say

@@ -150,7 +150,7 @@ def run(config: Config) -> dict:
                        f"accuracy {accuracy}  lr {lr:.4g}  {speed:,.0f} samples/s{on}", config.quiet)
             session.log(state.step, {"epoch": epoch + 1, "loss": loss, "test_loss": test_loss,
                                      "accuracy": state.accuracy, "lr": lr, "samples_per_sec": speed,
-                                     **session.communication.summary()})
+                                     "train_seconds": state.seconds, **session.communication.summary()})
             state.epoch, state.position = epoch + 1, 0
             if config.checkpoint_dir:
                 session.save(epoch=epoch + 1, train_loss=loss)

@@ -6,7 +6,7 @@ MXNet 1.9.1 is the last release (the project is retired upstream). Horovod's MXN
 (`Trainer.step(samples)`: the mean over every sample of the k micro-batches, as one large batch);
 `op: sum` is the average times the world size, passed through `Trainer.step`'s batch size. Adasum
 is refused at config time (see toolkit/registry.py). The session's optimizer is Gluon's Trainer
-(what a Gluon user steps); with the toolkit's exchange (compression bf16/int8/topk, local SGD) it
+(what a Gluon user steps); with the toolkit's exchange (compression bf16/int8/topk/powersgd, local SGD) it
 is a plain local `gluon.Trainer` and toolkit/communication.py moves the gradients. A Gluon loss
 gives one value per sample: `backward(loss)` counts them. Loaders: numpy `(x, y)` arrays, or a
 Gluon `Dataset` read by Gluon's DataLoader with the toolkit's sampler as its batch sampler.
@@ -101,7 +101,7 @@ class MxnetSession(Session):
     def _make_optimizer(self, model):
         c = self.config
         if c.optimizer is Optimizer.SGD:
-            return mx.optimizer.create("sgd", learning_rate=c.lr, momentum=c.momentum, wd=c.weight_decay)
+            return mx.optimizer.create("sgd", learning_rate=c.lr, momentum=c.optimizer_momentum, wd=c.weight_decay)
         return mx.optimizer.create("adam", learning_rate=c.lr, wd=c.weight_decay)
 
     def _cross_entropy(self, logits, labels):

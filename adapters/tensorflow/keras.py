@@ -29,7 +29,7 @@ def set_threads(threads: int) -> None:
 def make_optimizer(config, keras_module=keras):
     """The configured optimizer from `keras_module` (Keras 3, or tf_keras for the legacy path)."""
     if config.optimizer is Optimizer.SGD:
-        return keras_module.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+        return keras_module.optimizers.SGD(learning_rate=config.lr, momentum=config.optimizer_momentum)
     return keras_module.optimizers.Adam(learning_rate=config.lr)
 
 

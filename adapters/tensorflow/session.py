@@ -6,7 +6,7 @@ Keras 3 integration on top of `horovod.tensorflow`: a step computes the local gr
 Horovod, with the configured compression and op), adds coupled L2 weight decay (the same meaning as torch's and
 MXNet's `weight_decay`) and applies them, in one graph call (`train_step`, as Horovod's own TF2
 examples do), or after the user's own `backward(loss, tape)` calls (`step`). With the toolkit's
-exchange (compression bf16/int8/topk, local SGD) the allreduce is left out and
+exchange (compression bf16/int8/topk/powersgd, local SGD) the allreduce is left out and
 toolkit/communication.py moves the gradients. `model.fit` users: adapters/tensorflow/fit.py.
 """
 from __future__ import annotations

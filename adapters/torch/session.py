@@ -3,7 +3,7 @@
 The session moves the user's module to this rank's device (one GPU per local rank, else the CPU),
 broadcasts its parameters, buffers and the optimizer's state from rank 0, and wraps the optimizer
 in Horovod's DistributedOptimizer (`backward_passes_per_step` = accumulation_steps). With the
-toolkit's exchange (compression bf16/int8/topk, local SGD) the optimizer stays local and
+toolkit's exchange (compression bf16/int8/topk/powersgd, local SGD) the optimizer stays local and
 toolkit/communication.py moves the gradients through `local_gradients` / `apply_gradients`.
 Loaders: numpy `(x, y)` arrays are indexed directly; a `torch.utils.data.Dataset` is read by
 torch's own DataLoader (workers, pinned memory on a GPU) with the toolkit's sampler as its batch
@@ -32,6 +32,7 @@ STATE_FILE = "state.pt"
 class TorchSession(Session):
     name = "torch"
     path = "horovod.torch DistributedOptimizer"
+    _array_ops = None
 
     def _start(self, comm=None) -> Topology:
         config = self.config
@@ -71,7 +72,7 @@ class TorchSession(Session):
     def _make_optimizer(self, model):
         c = self.config
         if c.optimizer is Optimizer.SGD:
-            return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+            return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.optimizer_momentum, weight_decay=c.weight_decay)
         return torch.optim.Adam(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
 
     def _cross_entropy(self, logits, labels):
@@ -198,15 +199,26 @@ class TorchSession(Session):
     def _trainable(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @property
+    def array_ops(self):
+        """Where the toolkit's exchange runs (toolkit/arrays.py): on a GPU, torch tensors on it (no host
+        copy); on the CPU, numpy views of the same memory (no copy either; numpy's single-thread
+        kernels measured faster than torch's for top-k's selection, docs/COMMUNICATION.md)."""
+        if self._array_ops is None:
+            from toolkit import arrays
+            self._array_ops = (arrays.Torch(self.torch_device) if self.torch_device.type == "cuda"
+                               else arrays.numpy_ops())
+        return self._array_ops
+
     def local_gradients(self, batches=None):
+        """This rank's gradients, tensors on its device (zeros for a parameter without one)."""
         loss = self._micro_batches(batches) if batches is not None else None
-        grads = [p.grad.detach().cpu().numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-                 for p in self._trainable()]
+        grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self._trainable()]
         return loss, grads
 
     def apply_gradients(self, grads) -> None:
         for p, g in zip(self._trainable(), grads):
-            p.grad = torch.from_numpy(np.ascontiguousarray(g)).to(p.device)
+            p.grad = g.to(p.device, p.dtype) if torch.is_tensor(g) else torch.from_numpy(np.ascontiguousarray(g)).to(p.device)
         self.optimizer.step()
         self.optimizer.zero_grad()
 
@@ -276,12 +288,14 @@ class TorchSession(Session):
     def replica_parameters(self) -> list[list]:
         return [[v.detach().cpu().numpy() for v in self.model.state_dict().values()]]
 
-    # -- collectives on numpy -----------------------------------------------------------------------------
+    # -- collectives on numpy arrays (returned as numpy) or on tensors (returned as tensors, on their device) --
     def allreduce(self, array, average: bool = True, name: str | None = None):
-        out = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(array)),
-                                 op=self.hvd.Average if average else self.hvd.Sum, name=name)
-        return out.numpy()
+        tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
+        out = self.hvd.allreduce(tensor, op=self.hvd.Average if average else self.hvd.Sum, name=name)
+        return out if torch.is_tensor(array) else out.numpy()
 
     def allgather(self, array):
-        return self.hvd.allgather(torch.from_numpy(np.ascontiguousarray(array))).numpy()
+        tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
+        out = self.hvd.allgather(tensor)
+        return out if torch.is_tensor(array) else out.numpy()
 

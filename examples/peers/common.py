@@ -23,6 +23,8 @@ def arguments(description: str) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--hook", choices=("fp16", "bf16", "powersgd1", "powersgd2", "powersgd4"),
+                   help="DDP only: its communication hook (default: none)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--steps-per-iter", type=int, default=10)

@@ -1,13 +1,20 @@
 """(c) torch DistributedDataParallel under torchrun (gloo on CPU, nccl on GPU), no Horovod, no toolkit.
 
-    torchrun --nproc-per-node 2 examples/peers/ddp_torch_synthetic.py [--fp16-allreduce]
+    torchrun --nproc-per-node 2 examples/peers/ddp_torch_synthetic.py [--fp16-allreduce | --hook HOOK]
+
+--hook: DDP's own communication hooks, the peer of the toolkit's compression (examples/compression_bench.py):
+fp16 / bf16 (default_hooks.*_compress_hook) or PowerSGD of rank 1, 2 or 4 (powerSGD_hook, error feedback and
+warm start on, compressing from the 10th step: keep --warmup above 10 so every timed step is compressed).
+On Gloo (CPU) the PowerSGD hook fails in torch 2.14.1 ("op.preamble.length <= op.nbytes. 4116 vs 4096.
+Received data size doesn't match expected size"; the batched hook fails its own assertion in
+_orthogonalize): it is DDP's peer on NCCL only (pytorch/pytorch#58467 reported it failing on Gloo and MPI).
 """
 import os
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from common import arguments, threads, time_steps, write
 from torch_model import model_and_batch
@@ -20,8 +27,14 @@ torch.manual_seed(rank)
 
 net, data, target = model_and_batch(args)
 model = torch.nn.parallel.DistributedDataParallel(net)
-if args.fp16_allreduce:
+if args.fp16_allreduce or args.hook == "fp16":
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+elif args.hook == "bf16":
+    model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+elif args.hook:
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(args.hook[-1]),
+                                        start_powerSGD_iter=10)
+    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
 

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.png (default runs/bench)")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per world size (default 600)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
+    p.add_argument("-H", "--hosts", default=None, help="hosts and slots, e.g. a:1,b:1 (default: this machine)")
+    p.add_argument("--network-interface", default=None, help="the interface the ranks talk over (e.g. eth0)")
     p.add_argument("--worker-result", default=None, help=argparse.SUPPRESS)   # set for the launched ranks
     config.add_arguments(p)
     p.set_defaults(func=run)
@@ -42,6 +44,7 @@ def run(args) -> int:
             Path(args.worker_result).write_text(json.dumps(result) + "\n")
         return 0
     sizes = bench.parse_np(args.np)
-    bench.run(cfg, options, sizes, Path(args.out), args.controller, args.timeout, tuple(args.env))
+    bench.run(cfg, options, sizes, Path(args.out), args.controller, args.timeout, tuple(args.env),
+              hosts=args.hosts, network_interface=args.network_interface)
     sys.stdout.flush()
     return 0

@@ -1,0 +1,321 @@
+"""The array namespace the gradient exchange is written on: the few operations it needs, on numpy
+arrays or on torch tensors on their own device.
+
+toolkit/compression.py implements each method (bf16, int8, top-k, DGC, PowerSGD) once, calling
+only these. A session says which namespace its gradients live in (`Session.array_ops`): torch's
+gradients stay torch tensors on the rank's device (no host copy on a GPU, torch's own kernels on
+the CPU), TensorFlow's and MXNet's arrive as numpy (the CPU fallback: on a GPU they cross to the
+host; see docs/COMMUNICATION.md). Every operation is whole-buffer and vectorised: the step's
+gradients travel as one flat float32 buffer (small tensors fused), with no Python loop per value.
+
+Neither numpy nor torch is imported at `import toolkit`: each namespace imports its library when
+it is made.
+"""
+from __future__ import annotations
+
+import math
+
+
+class Numpy:
+    """numpy arrays on the host."""
+    name = "numpy"
+
+    def __init__(self):
+        import numpy as np
+        self.np = np
+
+    # -- buffers ---------------------------------------------------------------------------------
+    def flatten(self, arrays, out=None):
+        """One float32 buffer of the arrays' values, in order (what one collective carries), written
+        into `out` when given (a buffer reused step after step: no new memory to fault in)."""
+        np = self.np
+        parts = [np.asarray(a).reshape(-1) for a in arrays]
+        return np.concatenate(parts, out=out) if out is not None else np.concatenate(parts, dtype=np.float32)
+
+    def unflatten(self, flat, like) -> list:
+        """`flat` cut back into arrays shaped (and typed) like `like`."""
+        out, start = [], 0
+        for a in like:
+            size = math.prod(self.shape(a))
+            out.append(self.astype(flat[start:start + size].reshape(self.shape(a)), self.dtype_of(a)))
+            start += size
+        return out
+
+    def shape(self, a) -> tuple:
+        return tuple(self.np.shape(a))
+
+    def dtype_of(self, a):
+        return self.np.asarray(a).dtype
+
+    def zeros(self, n, dtype="float32"):
+        return self.np.zeros(n, dtype)
+
+    def empty(self, n, dtype="float32"):
+        return self.np.empty(n, dtype)
+
+    def full(self, n, value, dtype):
+        return self.np.full(n, value, dtype)
+
+    def astype(self, x, dtype):
+        return x.astype(dtype, copy=False)
+
+    def to_numpy(self, x):
+        return self.np.asarray(x)
+
+    def asarray(self, x):
+        """x in this namespace (a CPU torch tensor becomes a numpy view of the same memory)."""
+        return self.np.asarray(x)
+
+    def from_numpy(self, a):
+        return self.np.array(a)
+
+    def cat(self, parts):
+        return self.np.concatenate(parts)
+
+    # -- bytes on the wire -----------------------------------------------------------------------
+    def as_bytes(self, x):
+        return self.np.ascontiguousarray(x).view(self.np.uint8).reshape(-1)
+
+    def from_bytes(self, buffer, dtype, count: int, offset: int):
+        """`count` values of `dtype` from the uint8 buffer at byte `offset`."""
+        size = self.np.dtype(dtype).itemsize
+        return buffer[offset:offset + count * size].view(dtype)
+
+    def itemsize(self, dtype) -> int:
+        return self.np.dtype(dtype).itemsize
+
+    # -- arithmetic ------------------------------------------------------------------------------
+    def abs(self, x, out=None):
+        return self.np.abs(x, out=out)
+
+    def rint(self, x, out=None):
+        return self.np.rint(x, out=out)
+
+    def clip(self, x, low, high, out=None):
+        return self.np.clip(x, low, high, out=out)
+
+    def greater_equal(self, x, value, out=None):
+        return self.np.greater_equal(x, value, out=out)
+
+    def nonzero(self, mask):
+        """Ascending int64 positions where mask is true."""
+        return self.np.flatnonzero(mask)
+
+    def kth_largest(self, x, k: int) -> float:
+        return float(self.np.partition(x, len(x) - k)[len(x) - k])
+
+    def row_max(self, x):
+        return x.max(axis=1)
+
+    def where(self, condition, a, b):
+        return self.np.where(condition, a, b)
+
+    def cumsum(self, x):
+        return self.np.cumsum(x)
+
+    def dot(self, x) -> float:
+        """sum(x * x) as a host float (float64 accumulation)."""
+        return float(self.np.dot(x.astype(self.np.float64), x.astype(self.np.float64)))
+
+    def topk_positions(self, magnitudes, k: int):
+        """Ascending int64 positions of the k largest values."""
+        np = self.np
+        n = len(magnitudes)
+        return np.sort(np.argpartition(magnitudes, n - k)[n - k:]).astype(np.int64)
+
+    def sort(self, x):
+        return self.np.sort(x)
+
+    def diff_from(self, positions, start: int):
+        """positions[i] - positions[i-1], with positions[-1] taken as `start`."""
+        return self.np.diff(positions, prepend=start)
+
+    def bf16_bits(self, x, out=None, scratch=None):
+        """float32 -> bfloat16 bit patterns (uint16), round to nearest even (numpy has no bfloat16),
+        in place in `scratch` (uint32, len(x)) and `out` when given."""
+        np = self.np
+        bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        w = scratch if scratch is not None else np.empty(len(bits), np.uint32)
+        np.right_shift(bits, 16, out=w)
+        np.bitwise_and(w, 1, out=w)
+        np.add(w, 0x7FFF, out=w)
+        np.add(w, bits, out=w)
+        np.right_shift(w, 16, out=w)
+        out = out if out is not None else np.empty(len(bits), np.uint16)
+        np.copyto(out, w, casting="unsafe")
+        return out
+
+    def from_bf16_bits(self, bits, out=None):
+        np = self.np
+        out = out if out is not None else np.empty(len(bits), np.float32)
+        as_int = out.view(np.uint32)
+        np.copyto(as_int, bits, casting="unsafe")
+        np.left_shift(as_int, 16, out=as_int)
+        return out
+
+    # -- PowerSGD --------------------------------------------------------------------------------
+    def matrix(self, flat, start: int, rows: int, cols: int):
+        """A view of flat[start:start + rows * cols] as a rows x cols matrix."""
+        return flat[start:start + rows * cols].reshape(rows, cols)
+
+    def matmul(self, a, b, out=None):
+        return self.np.matmul(a, b, out=out)
+
+    def orthonormal(self, p):
+        """Orthonormal columns spanning p's (reduced QR)."""
+        return self.np.linalg.qr(p)[0].astype(self.np.float32)
+
+    def random_normal(self, n: int, seed: int):
+        """The same n standard normal float32 values on every rank (seeded on the host)."""
+        return self.np.random.RandomState(seed).standard_normal(n).astype(self.np.float32)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (timing); nothing to wait for on the host."""
+
+
+class Torch(Numpy):
+    """torch tensors on `device` (the rank's GPU, or the CPU)."""
+    name = "torch"
+    DTYPES = {"float32": "float32", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "int64": "int64"}
+
+    def __init__(self, device):
+        super().__init__()
+        import torch
+        self.torch, self.device = torch, torch.device(device)
+
+    def _dtype(self, dtype):
+        return getattr(self.torch, str(dtype)) if not isinstance(dtype, self.torch.dtype) else dtype
+
+    def flatten(self, arrays, out=None):
+        torch = self.torch
+        parts = [torch.as_tensor(a).reshape(-1).to(self.device, torch.float32) for a in arrays]
+        return torch.cat(parts, out=out) if out is not None else torch.cat(parts)
+
+    def shape(self, a) -> tuple:
+        return tuple(a.shape)
+
+    def dtype_of(self, a):
+        return a.dtype
+
+    def zeros(self, n, dtype="float32"):
+        return self.torch.zeros(n, dtype=self._dtype(dtype), device=self.device)
+
+    def empty(self, n, dtype="float32"):
+        return self.torch.empty(n, dtype=self._dtype(dtype), device=self.device)
+
+    def full(self, n, value, dtype):
+        return self.torch.full((n,), value, dtype=self._dtype(dtype), device=self.device)
+
+    def astype(self, x, dtype):
+        return x.to(self._dtype(dtype))
+
+    def to_numpy(self, x):
+        return x.detach().cpu().numpy()
+
+    def asarray(self, x):
+        return self.torch.as_tensor(x, device=self.device)
+
+    def from_numpy(self, a):
+        return self.torch.from_numpy(self.np.ascontiguousarray(a)).to(self.device)
+
+    def cat(self, parts):
+        return self.torch.cat(list(parts))
+
+    def as_bytes(self, x):
+        return x.contiguous().view(self.torch.uint8).reshape(-1)
+
+    def from_bytes(self, buffer, dtype, count: int, offset: int):
+        dtype = self._dtype(dtype)
+        size = self.itemsize(dtype)
+        return buffer[offset:offset + count * size].view(dtype)
+
+    def itemsize(self, dtype) -> int:
+        return self._dtype(dtype).itemsize
+
+    def abs(self, x, out=None):
+        return self.torch.abs(x, out=out) if out is not None else x.abs()
+
+    def rint(self, x, out=None):         # half to even, as numpy's rint
+        return self.torch.round(x, out=out) if out is not None else x.round()
+
+    def clip(self, x, low, high, out=None):
+        return self.torch.clamp(x, low, high, out=out) if out is not None else x.clamp(low, high)
+
+    def greater_equal(self, x, value, out=None):
+        return self.torch.ge(x, value, out=out) if out is not None else x >= value
+
+    def nonzero(self, mask):
+        return mask.nonzero().reshape(-1)
+
+    def kth_largest(self, x, k: int) -> float:
+        return float(self.torch.topk(x, k, sorted=False).values.min())
+
+    def row_max(self, x):
+        return x.amax(dim=1)
+
+    def where(self, condition, a, b):
+        return self.torch.where(condition, a, b)
+
+    def cumsum(self, x):
+        return x.cumsum(0)
+
+    def dot(self, x) -> float:
+        return float(self.torch.dot(x.double(), x.double()))
+
+    def topk_positions(self, magnitudes, k: int):
+        return self.torch.topk(magnitudes, k, sorted=False).indices.sort().values
+
+    def sort(self, x):
+        return x.sort().values
+
+    def diff_from(self, positions, start: int):
+        return self.torch.diff(positions, prepend=positions.new_tensor([start]))
+
+    def bf16_bits(self, x, out=None, scratch=None):
+        if out is None:
+            return x.to(self.torch.bfloat16).view(self.torch.uint16)
+        out.view(self.torch.bfloat16).copy_(x)
+        return out
+
+    def from_bf16_bits(self, bits, out=None):
+        if out is None:
+            return bits.view(self.torch.bfloat16).to(self.torch.float32)
+        return out.copy_(bits.view(self.torch.bfloat16))
+
+    def matmul(self, a, b, out=None):
+        return self.torch.matmul(a, b, out=out) if out is not None else a @ b
+
+    def orthonormal(self, p):
+        return self.torch.linalg.qr(p).Q
+
+    def random_normal(self, n: int, seed: int):
+        return self.from_numpy(super().random_normal(n, seed))
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+
+NUMPY: "Numpy | None" = None
+
+
+def numpy_ops() -> Numpy:
+    global NUMPY
+    if NUMPY is None:
+        NUMPY = Numpy()
+    return NUMPY
+
+
+def of(session) -> Numpy:
+    """The namespace a session's gradients live in (numpy unless the session says otherwise)."""
+    return getattr(session, "array_ops", None) or numpy_ops()
+
+
+def flatten(arrays_) -> "numpy.ndarray":
+    """numpy: one float32 vector of the arrays' values, in order."""
+    return numpy_ops().flatten(arrays_)
+
+
+def unflatten(flat, like) -> list:
+    """numpy: `flat` cut back into arrays shaped (and typed) like `like`."""
+    return numpy_ops().unflatten(flat, like)
