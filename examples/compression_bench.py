@@ -9,7 +9,8 @@ the MLP the issue measured (1024 features, 3 x 2048 hidden, 10.5M parameters, ba
 over Gloo, read from its bench.json: step time (median over rounds), the time per step spent
 compressing and decompressing (`compression_ms_per_step`), and the bytes each rank handed to
 collectives per step. One row with no exchange gives forward + backward + update on each of the 2
-ranks (local SGD that never averages within the job), what compression's cost is compared to. `--before DIR` adds rows run from another checkout of the
+ranks (local SGD that never averages within the job, no NaN guard), what compression's cost is
+compared to. `--before DIR` adds rows run from another checkout of the
 toolkit (e.g. `git worktree add DIR <commit>`, with `.venv` linked in; its adapters must be its own:
 `ln -s ../adapters DIR/toolkit/adapters`). The peers are torch DDP's communication hooks under
 torchrun on the same model and batch (examples/peers/ddp_torch_synthetic.py; its PowerSGD hook fails
@@ -18,9 +19,10 @@ on Gloo, see there). Rows run in turn within a round, so a slow spell of the mac
     .venv/bin/python examples/compression_bench.py --netns --rates none,1gbit,100mbit --write-docs   # root
 
 `--netns`: the two ranks run on two network-namespace hosts joined by a veth pair
-(tests/netns_hosts.sh, made and removed here), the link shaped to each rate in turn (`tc qdisc ...
-netem rate R` on both ends; `none` = the veth unshaped), so the network is the bottleneck: one table
+(tests/netns_hosts.sh, made and removed here), the link shaped to each rate in turn (`tc qdisc ... tbf
+rate R` on both ends; `none` = the veth unshaped), so the network is the bottleneck: one table
 per rate (`<!-- link:begin -->`), toolkit rows only, fewer steps (a dense step takes seconds at 100 Mbit/s).
+The shaping is a token bucket (`tc ... tbf`): this kernel has no `netem`.
 """
 from __future__ import annotations
 
@@ -120,10 +122,80 @@ def link_tables(a) -> int:
 
 
 def measure(rows, a, prefix: str = "") -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {label: [] for label, _ in rows}
+    for round_ in range(a.rounds):
+        for label, run in rows:
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                out = run(Path(tmp))
+            results[label].append(out)
+            shown = out.get("failed") or f"{out['step_ms']:.1f} ms/step"
+            print(f"{prefix}round {round_ + 1}  {label:45s} {shown}  ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def table(rows, results, compute_label: str | None) -> str:
+    """Medians per row; compression's time against the row without an exchange (forward + backward)."""
+    compute = [o["step_ms"] for o in results.get(compute_label, []) if "failed" not in o]
+    fwd_bwd = median(compute) if compute else None
+    none = median([o["step_ms"] for o in results["none"] if "failed" not in o] or [float("nan")])
+    lines = ["| method (2 ranks, Gloo) | step ms (median) | rounds | x none | compression ms/step | "
+             "compression / forward+backward | bytes/step/rank |", "|---|---|---|---|---|---|---|"]
+    for label, _ in rows:
+        ok = [o for o in results[label] if "failed" not in o]
+        if not ok:
+            lines.append(f"| {label} | failed: {results[label][-1]['failed'].replace('|', '/')} | | | | | |")
+            continue
+        step = median([o["step_ms"] for o in ok])
+        comp_ms = median([o["compression_ms"] for o in ok]) if ok[0]["compression_ms"] is not None else None
+        if comp_ms is None:
+            comp_text, share = "n/a", "n/a"
+        else:
+            comp_text = f"{comp_ms:.1f}"
+            share = f"{100 * comp_ms / fwd_bwd:.0f}%" if fwd_bwd else "-"
+        byte_text = f"{median([o['bytes'] for o in ok]):,.0f}" if ok[0]["bytes"] is not None else "n/a"
+        rounds = ", ".join(f"{o['step_ms']:.0f}" for o in ok)
+        lines.append(f"| {label} | {step:.1f} | {rounds} | {step / none:.2f} | {comp_text} | {share} | {byte_text} |")
+    return "\n".join(lines)
+
+
+def write(marker: str, text: str) -> None:
+    peers_bench.write(marker, text, DOC)
+    print(f"wrote {DOC}", file=sys.stderr)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--before", type=Path, help="another checkout of the toolkit to run the BEFORE rows from")
+    p.add_argument("--rounds", type=int, default=2, help="rounds over all rows; each row shows its median")
+    p.add_argument("--warmup", type=int, default=12, help="untimed steps per job (default 12)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per job (default 5)")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed iteration (default 5)")
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--write-docs", action="store_true", help="write the table into docs/COMMUNICATION.md")
+    p.add_argument("--netns", action="store_true", help="2 namespace hosts over a shaped link (root; see above)")
+    p.add_argument("--rates", default="none,1gbit,100mbit", help="--netns: link rates, tc's units (default "
+                   "none,1gbit,100mbit)")
+    a = p.parse_args()
+    if a.netns:
+        return link_tables(a)
+    # the compute a rank does in these jobs: 2 ranks (one core each), local SGD that never averages in
+    # them, and no NaN guard (whose norm is part of every other row's step, not of its compression time)
+    rows = [(COMPUTE, toolkit_row(ROOT, 2, ["--sync", "local_sgd", "--local-steps", "100000", "--no-nan-guard"], a))]
+    rows += [(label, toolkit_row(ROOT, 2, flags, a)) for label, flags in METHODS]
+    if a.before:
+        rows += [(f"{label}, before", toolkit_row(a.before.resolve(), 2, flags, a))
+                 for label, flags in METHODS if label in BEFORE]
+    rows += [(label, ddp_row(hook, a)) for label, hook in HOOKS]
     results = measure(rows, a)
     command = "`.venv/bin/python examples/compression_bench.py" + (" --before DIR" if a.before else "") + \
               f" --rounds {a.rounds} --write-docs`"
-    text = f"Made by {command} on {peers_bench.machine()}.\n\n" + table(rows, results, rows[0][0])
+    text = f"Made by {command} on {peers_bench.machine()}.\n\n" + table(rows, results, COMPUTE)
     print(text)
     if a.write_docs:
         write("step", text)

@@ -197,12 +197,13 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 
-def write(marker: str, text: str) -> None:
+def write(marker: str, text: str, path: Path = DOC) -> None:
+    """`text` between `<!-- marker:begin -->` and `<!-- marker:end -->` in the doc at `path`."""
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    doc = DOC.read_text()
+    doc = path.read_text()
     if begin not in doc:
-        raise SystemExit(f"{DOC} has no {begin} ... {end} markers to write between")
-    DOC.write_text(doc[:doc.index(begin)] + f"{begin}\n{text}\n{end}" + doc[doc.index(end) + len(end):])
+        raise SystemExit(f"{path} has no {begin} ... {end} markers to write between")
+    path.write_text(doc[:doc.index(begin)] + f"{begin}\n{text}\n{end}" + doc[doc.index(end) + len(end):])
 
 
 def main() -> int:

@@ -6,7 +6,7 @@
 #
 #   tests/netns_hosts.sh up DIR      create them; DIR gets the keys, ssh config and an `ssh` wrapper
 #   tests/netns_hosts.sh exec DIR HOST COMMAND...   run COMMAND on HOST (hostA or hostB)
-#   tests/netns_hosts.sh shape DIR RATE   limit the link to RATE each way (tc netem, e.g. 1gbit, 100mbit;
+#   tests/netns_hosts.sh shape DIR RATE   limit the link to RATE each way (tc tbf, e.g. 1gbit, 100mbit;
 #                                         "none" removes the limit): examples/compression_bench.py --hosts
 #   tests/netns_hosts.sh down DIR    stop the sshds, delete the namespaces (safe to repeat)
 #
@@ -111,7 +111,8 @@ case $cmd in
             if [[ $rate == none ]]; then
                 ip netns exec "${ns[$host]}" tc qdisc del dev tk0 root 2>/dev/null || true
             else
-                ip netns exec "${ns[$host]}" tc qdisc replace dev tk0 root netem rate "$rate" limit 10000
+                # a token bucket: this kernel has no netem (sch_netem: "Specified qdisc kind is unknown")
+                ip netns exec "${ns[$host]}" tc qdisc replace dev tk0 root tbf rate "$rate" burst 512kb latency 200ms
             fi
         done ;;
     *) echo "netns_hosts.sh: unknown command $cmd (up, exec, shape, down)" >&2; exit 2 ;;

@@ -273,3 +273,50 @@ def test_topk_on_a_large_buffer_is_still_exactly_the_k_largest(ops, spiky):
     topk = TopK(0.01, ops)
     got = np.sort(host(ops, topk.select(ops.from_numpy(hx))))
     assert np.array_equal(got, np.sort(np.argsort(-np.abs(hx), kind="stable")[:10_000]))
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_powersgd_matches_torchs_ddp_hook(rank, tmp_path):
+    """The same gradients through torch DDP's powerSGD_hook (one process, Gloo) and through the
+    toolkit's PowerSGD (numpy), from the same first Q: equal to float rounding over 5 compressed
+    steps with error feedback and warm start (the hook allreduces whole for its first 2 steps)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        def make():
+            return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                       torch.nn.Linear(16 * 6 * 6, 10))
+        net, plain = make(), make()
+        plain.load_state_dict(net.state_dict())
+        ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=100)
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                                            random_seed=0)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ex = PowerSGDExchange(compression.Compressor(), True, rank=rank)
+        worst = 0.0
+        for step in range(7):
+            x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,))
+            for model in (ddp, plain):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            theirs = [p.grad.numpy().copy() for p in net.parameters()]
+            grads = [p.grad.numpy().copy() for p in plain.parameters()]
+            if step < 2:
+                continue
+            if step == 2:       # the hook's first Q: one seeded draw per matrix, in the bucket's (reversed) order
+                ex._make_plan(grads)
+                q = np.zeros(len(ex.q), np.float32)
+                torch.manual_seed(np.random.RandomState(0).randint(1_000_000_000))
+                for _, _, cols, compressed, at in reversed(ex.plan):
+                    if compressed:
+                        q[at:at + cols * rank] = torch.randn(1, cols, rank).numpy().reshape(-1)
+                ex.q = q
+            ours = ex.exchange(grads, None, 1)
+            worst = max(worst, *(float(np.abs(a - b).max()) for a, b in zip(theirs, ours)))
+            assert np.abs(theirs[0] - grads[0]).max() > 1e-3, "the hook compressed the conv weight"
+        assert worst < 1e-5
+    finally:
+        dist.destroy_process_group()

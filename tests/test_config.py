@@ -132,6 +132,7 @@ def test_roundtrip_through_yaml(tmp_path, values):
     ({"powersgd_rank": "2"}, ["powersgd_rank applies to compression: powersgd", "--compression powersgd"]),
     ({"compression": "powersgd", "powersgd_rank": "0"}, ["powersgd_rank", "positive integer"]),
     ({"dgc": "true"}, ["dgc applies to compression: topk"]),
+    ({"powersgd_warmup_steps": "10"}, ["powersgd_warmup_steps applies to compression: powersgd"]),
     ({"dgc": "true", "compression": "topk", "optimizer": "adam"}, ["dgc", "optimizer: sgd"]),
     ({"dgc": "true", "compression": "topk", "error_feedback": "false"}, ["dgc", "error_feedback: false"]),
     ({"dgc_warmup_epochs": "2", "compression": "topk"}, ["dgc_warmup_epochs applies with dgc: true"]),

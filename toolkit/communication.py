@@ -54,7 +54,8 @@ class Communication:
     def _make_exchange(self, config: Config) -> GradientExchange:
         average, ef = config.op is not Op.SUM, bool(config.error_feedback)
         if config.compression is Compression.POWERSGD:
-            return PowerSGDExchange(make("none", ops=self.ops), ef, average, rank=config.powersgd_rank)
+            return PowerSGDExchange(make("none", ops=self.ops), ef, average, rank=config.powersgd_rank,
+                                    warmup_steps=config.powersgd_warmup_steps)
         compressor = make(config.compression.value, config.topk_ratio, self.ops)
         if config.dgc:
             return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
@@ -96,6 +97,8 @@ class Communication:
         else:
             if self.dgc:
                 self.exchange.epoch = self._epoch(step)
+            if isinstance(self.exchange, PowerSGDExchange):
+                self.exchange.step = step
             grads = self.exchange.exchange(grads, self.session, self.world)
             self.bytes_sent += self.exchange.last_bytes
             self.session.apply_gradients(self._clip(grads))

@@ -439,6 +439,8 @@ class DGCExchange(GradientExchange):
 class PowerSGDExchange(GradientExchange):
     """PowerSGD rank `rank` through two allreduces per step (see the module's docstring)."""
     rank: int = 1
+    warmup_steps: int = 0                      # steps allreduced whole first (torch's start_powerSGD_iter)
+    step: int = 0                              # the global step, set by toolkit/communication.py
     shapes: list = None                        # the gradients' shapes, set at the first step
     q: object = None                           # every compressed matrix's Q, one flat buffer
     plan: list = None                          # (start, rows, cols, compressed, q_start) per gradient
@@ -451,7 +453,7 @@ class PowerSGDExchange(GradientExchange):
             size = math.prod(shape)
             rows = shape[0] if len(shape) >= 2 else 1
             cols = size // rows if rows else 0
-            compressed = len(shape) >= 2 and rows * cols >= 2 * r * (rows + cols)
+            compressed = len(shape) >= 2 and 2 * r * (rows + cols) < rows * cols     # torch's _should_compress
             self.plan.append((start, rows, cols, compressed, q_size))
             q_size += cols * r if compressed else 0
             start += size
@@ -465,6 +467,10 @@ class PowerSGDExchange(GradientExchange):
         return super().exchange(grads, comm, world_size)
 
     def exchange_flat(self, flat, comm, world_size: int):
+        if self.step < self.warmup_steps:       # dense, as torch's hook before start_powerSGD_iter
+            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            self.spare = None
+            return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
         ops, r = self.ops, self.rank
         squeezed = [p for p in self.plan if p[3]]
         self.timer.start()

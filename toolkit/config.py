@@ -155,9 +155,11 @@ class Config:
     dgc_warmup_epochs: Optional[int] = _f(None, "dgc: epochs over which the density falls from 0.25 to topk_ratio; "
                                                 "unset = 4 (the paper's), 0 = none")
     dgc_masking: bool = _f(True, "dgc: momentum factor masking (zero the momentum where a value was sent, as the "
-                                 "paper does); false keeps it (measured better on short runs, docs/COMMUNICATION.md)")
+                                 "paper does); false keeps it (both measured in docs/COMMUNICATION.md)")
     powersgd_rank: Optional[int] = _f(None, "compression powersgd: rank r of each gradient matrix's approximation "
                                             "(P n x r, Q m x r); unset = 1 (torch's hook's default)")
+    powersgd_warmup_steps: int = _f(0, "compression powersgd: first optimizer steps allreduced uncompressed "
+                                       "(torch's start_powerSGD_iter; 0 = compress from the start, as the paper)")
     error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk/powersgd: add what was not sent to the "
                                               "next step's gradient; unset = true")
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
@@ -322,6 +324,11 @@ class Config:
                 _bad("powersgd_rank", self.powersgd_rank, "must be a positive integer", example="2")
         if not self.dgc_masking and not self.dgc:
             raise ToolkitError("dgc_masking applies with dgc: true; add --dgc or drop dgc_masking")
+        if self.powersgd_warmup_steps and self.compression is not Compression.POWERSGD:
+            raise ToolkitError("powersgd_warmup_steps applies to compression: powersgd; add --compression powersgd "
+                               "or drop powersgd_warmup_steps")
+        if self.powersgd_warmup_steps < 0:
+            _bad("powersgd_warmup_steps", self.powersgd_warmup_steps, "must be >= 0", example="1000")
         if self.dgc_warmup_epochs is not None and not self.dgc:
             raise ToolkitError("dgc_warmup_epochs applies with dgc: true; add --dgc or drop dgc_warmup_epochs")
         if self.dgc_warmup_epochs is not None and self.dgc_warmup_epochs < 0:
