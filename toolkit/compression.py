@@ -381,9 +381,9 @@ class DGCExchange(GradientExchange):
             if len(shape) >= 2:
                 self.segments.append((start, size))
             else:
-                whole.extend(range(start, start + size))
+                whole.append(ops.np.arange(start, start + size, dtype=ops.np.int64))
             start += size
-        self.whole = ops.from_numpy(ops.np.array(whole, ops.np.int64))
+        self.whole = ops.from_numpy(ops.np.concatenate(whole) if whole else ops.np.zeros(0, ops.np.int64))
 
     def _select(self, v):
         ratio, ops = self.compressor.ratio, self.ops
