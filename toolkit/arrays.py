@@ -177,7 +177,6 @@ class Numpy:
 class Torch(Numpy):
     """torch tensors on `device` (the rank's GPU, or the CPU)."""
     name = "torch"
-    DTYPES = {"float32": "float32", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "int64": "int64"}
 
     def __init__(self, device):
         super().__init__()
