@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from toolkit import checkpoint, numerics, schedule
+from toolkit import checkpoint, numerics, preemption, schedule
 from toolkit.data import Sampler, is_arrays
 from toolkit.errors import ToolkitError
 
@@ -130,6 +130,7 @@ class Session(abc.ABC):
         setup() then seeds `seed` on every rank)."""
         session = cls(config)
         session.topology = session._start(comm)
+        preemption.install()
         session._seed(config.seed + session.rank * session.replicas)
         return session
 
@@ -354,6 +355,14 @@ class Session(abc.ABC):
     def _train_mode(self, training: bool) -> None:
         """Put the setup model in training or inference mode (dropout, BatchNorm)."""
 
+    def should_stop(self) -> bool:
+        """Whether any rank was sent SIGTERM (or called toolkit.preemption.request()): the same answer
+        on every rank, at the same step. A collective: call it once per step on every rank; then
+        save() and exit with toolkit.preemption.EXIT_CODE (the built-in trainer does)."""
+        if self.size == 1:
+            return preemption.requested()
+        return self.mean(1.0 if preemption.requested() else 0.0, name="toolkit.should_stop") > 0
+
     def mean(self, value: float, name: str) -> float:
         """`value` averaged over the ranks (a collective: every rank calls it with the same name)."""
         import numpy as np
@@ -401,12 +410,21 @@ class Session(abc.ABC):
                                "has stepped")
         self.sync_buffers()
         comm_state = self.communication.gather_state()       # a collective: every rank takes part
-        if not self.is_main:
-            return None
-        meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
-        return checkpoint.save(directory, self.global_step, meta,
-                               lambda folder: (self._save_objects(folder), self.communication.write(folder, comm_state)),
-                               keep=self.config.keep_checkpoints)
+        path, error = None, None
+        if self.is_main:
+            meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
+            try:
+                path = checkpoint.save(directory, self.global_step, meta,
+                                       lambda folder: (self._save_objects(folder),
+                                                       self.communication.write(folder, comm_state)),
+                                       keep=self.config.keep_checkpoints)
+            except ToolkitError as e:      # a folder that cannot take it: every rank stops with its line
+                error = str(e)
+        if self.size > 1 and not self.config.elastic:
+            error = self.broadcast_object(error, name="toolkit.checkpoint_error")
+        if error:
+            raise ToolkitError(error)
+        return path
 
     def load(self, directory: str | None = None, collective: bool = True) -> dict:
         """The newest checkpoint in `directory` (default: checkpoint_dir): rank 0 verifies and loads

@@ -21,7 +21,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 # The build context: the working tree by default; CONTEXT=DIR builds another copy (e.g. `git archive`).
 CONTEXT=${CONTEXT:-$ROOT}
-SUITE=bookworm
+# The Debian release of the local base (debootstrap): bookworm (12) by default, e.g. SUITE=trixie (13).
+SUITE=${SUITE:-bookworm}
 LOCAL_BASE=${LOCAL_BASE:-localhost/toolkit-base:$SUITE}
 # Where the host's caches and CA appear inside a buildah build (bind mounts, never in a layer).
 HOST_CACHE=/run/host-cache
@@ -37,10 +38,18 @@ engine() {
   fi
 }
 
-# The first Debian mirror apt uses for $SUITE: one-line sources.list entries, then deb822 stanzas.
+# The first Debian mirror apt uses for $SUITE, else for this host's own release (the same archive
+# serves every release): one-line sources.list entries, then deb822 stanzas.
 apt_mirror() {
   if [ -n "${DEBIAN_MIRROR:-}" ]; then echo "$DEBIAN_MIRROR"; return; fi
-  local f found=""
+  local host_suite
+  host_suite=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null)
+  mirror_for "$SUITE" || { [ -n "$host_suite" ] && mirror_for "$host_suite"; } \
+    || die "no Debian $SUITE mirror in /etc/apt/sources*; set DEBIAN_MIRROR"
+}
+
+mirror_for() {
+  local SUITE=$1 f found=""
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [ -r "$f" ] || continue
     found=$(awk -v s="$SUITE" '$1 == "deb" {
@@ -59,7 +68,7 @@ apt_mirror() {
         if (ok && on && uri != "") { print uri; exit } }' "$f")
     [ -n "$found" ] && { echo "$found"; return; }
   done
-  die "no Debian $SUITE mirror in /etc/apt/sources*; set DEBIAN_MIRROR"
+  return 1
 }
 
 # `pip config list` once; pip_setting KEY prints the value pip uses (environment, then files).

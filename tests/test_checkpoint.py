@@ -34,6 +34,29 @@ def test_failed_write_leaves_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000001"]
 
 
+def test_a_folder_that_cannot_take_the_write_is_one_line_naming_it_and_the_cause(tmp_path):
+    """An OSError from the framework's writer (ENOSPC here) or from the folder itself (a path under a
+    file: what a missing mount can look like) is one ToolkitError; the checkpoint before is intact."""
+    import errno
+    import os
+    checkpoint.save(tmp_path, 1, {}, writer(b"first"), keep=3)
+
+    def full(folder):
+        (folder / "state.bin").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(ToolkitError) as e:
+        checkpoint.save(tmp_path, 2, {}, full, keep=3)
+    line = str(e.value)
+    assert "\n" not in line and str(tmp_path) in line and "No space left on device" in line
+    assert "ckpt-00000001 is intact" in line and "--resume" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000001"]
+    assert checkpoint.latest(tmp_path)[1]["step"] == 1
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ToolkitError, match=r"afile/ckpt: cannot write a checkpoint \(Not a directory\)"):
+        checkpoint.save(tmp_path / "afile" / "ckpt", 1, {}, writer(b"x"), keep=3)
+
+
 def test_corrupt_latest_is_a_clear_error_and_older_untouched(tmp_path):
     checkpoint.save(tmp_path, 1, {}, writer(b"first"), keep=3)
     checkpoint.save(tmp_path, 2, {}, writer(b"second"), keep=3)

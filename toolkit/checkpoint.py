@@ -19,6 +19,7 @@ from toolkit.errors import ToolkitError
 PREFIX = "ckpt-"
 META = "meta.json"
 REPLACED, DELETED = "replaced", "old"     # why a checkpoint folder was renamed out of sight
+PROBE_BYTES = 1 << 16
 
 
 def _sha256(path: Path) -> str:
@@ -37,15 +38,45 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _probe(root: Path) -> OSError | None:
+    """Why `root` cannot take a file, if it cannot: a framework's writer reports a full disk in its
+    own words (torch: `unexpected pos 1600 vs 1494`), so a small file is written and synced here."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e
+    return None
+
+
+def _cannot_write(root: Path, cause: OSError) -> ToolkitError:
+    found = all_checkpoints(root) if root.is_dir() else []
+    before = f"the previous checkpoint {found[-1]} is intact" if found else "no earlier checkpoint was there"
+    why = cause.strerror or cause.__class__.__name__
+    return ToolkitError(f"checkpoint_dir {root}: cannot write a checkpoint ({why}); {before}; free space or "
+                        f"give a writable folder (--checkpoint-dir), then continue with --resume")
+
+
 def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], None],
          keep: int) -> Path:
-    """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there."""
+    """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there. A folder that
+    cannot take it (a full disk, no permission, a read-only or missing mount) is a one-line
+    ToolkitError naming the folder and the cause; the checkpoints already there are untouched."""
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    _recover(root)
-    _sweep(root)                   # rank 0 is the only writer: anything hidden here is a dead writer's
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _recover(root)
+        _sweep(root)               # rank 0 is the only writer: anything hidden here is a dead writer's
+        final = root / f"{PREFIX}{step:08d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    except OSError as e:
+        raise _cannot_write(root, e) from None
+    return _save_in(root, final, tmp, step, progress, write, keep)
+
+
+def _save_in(root: Path, final: Path, tmp: Path, step: int, progress: dict, write, keep: int) -> Path:
     try:
         write(tmp)
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -59,10 +90,14 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
         replaced = _hide(final, REPLACED) if final.exists() else None
         os.rename(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as e:
+        # the cause first, while the partial files still fill the disk; then clean up
+        cause = e if isinstance(e, OSError) else _probe(root) if isinstance(e, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
         _recover(root)
-        raise
+        if cause is None:          # the folder takes files: the writer's own error, as it is
+            raise
+        raise _cannot_write(root, cause) from None
     if replaced:
         shutil.rmtree(replaced, ignore_errors=True)
     for old in all_checkpoints(root)[:-keep]:

@@ -12,5 +12,5 @@ class ToolkitError(Exception):
 def print_error(error: Exception) -> None:
     """The one `toolkit: error: <message>` line, in one write (launchers tag output by the chunk)."""
     import sys
-    sys.stderr.write(f"toolkit: error: {error}\n")
+    sys.stderr.write(f"toolkit: {getattr(error, 'label', 'error')}: {error}\n")
     sys.stderr.flush()

@@ -238,6 +238,18 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     return argv + list(spec.extra) + list(spec.command), env
 
 
+def check_hosts_resolve(spec: LaunchSpec) -> None:
+    """Every host of -H/--hostfile has an address, before any launcher starts: one line naming the
+    first that does not (mpirun would print a 20-line banner; horovodrun would try ssh first)."""
+    for host, _ in parse_hosts(spec.hosts or "localhost:1"):
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            raise ToolkitError(f"launch: cannot reach {host}: the name does not resolve ({reason}); check the host "
+                               f"names in -H/--hostfile", code=1) from None
+
+
 def _is_local(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", socket.gethostname())
 
@@ -291,7 +303,9 @@ def command_line(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> 
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
     if spec.launcher == "tf_config":
+        check_hosts_resolve(spec)
         return _run_workers(plan_workers(spec, environ), timeout)
+    check_hosts_resolve(spec)
     argv, env = command_line(spec, environ)
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
@@ -302,6 +316,7 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
     pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
+    forward_sigterm(proc)
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -327,6 +342,7 @@ def _run_workers(workers, timeout: Optional[float]) -> int:
     relay = Relay()
     procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, errors="replace", bufsize=1) for argv, env in workers]
+    forward_sigterm(*procs)
     pumps = [relay.pump(pipe, stream, rank) for rank, p in enumerate(procs)
              for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -349,6 +365,56 @@ def _run_workers(workers, timeout: Optional[float]) -> int:
         for pump in pumps:          # the workers are gone: their last lines are in the pipes
             pump.join(timeout=5)
     return relay.worker_failed(*failed) if failed else 0
+
+
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "TF_CONFIG")
+
+
+def local_ranks(proc: subprocess.Popen) -> list:
+    """The training processes under `proc` on this host (psutil processes): its descendants that a
+    launcher gave a rank (horovodrun's and mpirun's own helpers have none)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    ranks = []
+    for p in tree:
+        try:
+            if any(name in p.environ() for name in RANK_VARIABLES):
+                ranks.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return ranks
+
+
+def forward_sigterm(*procs: subprocess.Popen) -> None:
+    """SIGTERM to `toolkit launch` (Slurm's and Kubernetes' notice before they stop a job) goes to the
+    local ranks themselves, not to the launcher, which would kill them 5 s later (horovodrun): they
+    finish their step, rank 0 checkpoints, they exit 75 and so does the job (toolkit/preemption.py).
+    One rank receiving it is enough: they agree at the next step. A second SIGTERM stops the job."""
+    previous = []
+
+    def handler(signum, frame):
+        if previous:
+            for proc in procs:
+                _kill_group(proc)
+            return
+        previous.append(signum)
+        ranks = [r for proc in procs for r in local_ranks(proc)]
+        for p in ranks:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except Exception:       # gone already
+                pass
+        sys.stderr.write(f"toolkit: launch: SIGTERM passed to {len(ranks)} local rank(s); they stop after their "
+                         "step (a second SIGTERM stops the job at once)\n")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:              # not the main thread: leave signals alone
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

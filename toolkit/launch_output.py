@@ -28,7 +28,7 @@ EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
 PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
 ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
 ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
-RANK_ERROR = "toolkit: error: "
+RANK_ERROR = re.compile(r"toolkit: (error|stopped): ")    # a rank's own line: an error, or a preemption's stop
 
 
 class Relay:
@@ -48,7 +48,7 @@ class Relay:
             if rank is not None or TAG.match(text):
                 if TAG.sub("", text).strip() == "Terminated":   # the shell of a rank the launcher stopped
                     return
-                if RANK_ERROR in text:
+                if RANK_ERROR.search(text):
                     self.rank_errors += 1
                 self._write(stream, text)
                 return

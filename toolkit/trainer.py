@@ -12,7 +12,7 @@ import time
 import types
 from pathlib import Path
 
-from toolkit import checkpoint, data as datasets, metrics as metrics_log
+from toolkit import checkpoint, data as datasets, metrics as metrics_log, preemption
 from toolkit.api import loaders, setup, start
 from toolkit.metrics import say
 from toolkit.config import PS_SYNCS, Config
@@ -57,8 +57,20 @@ def _resume(session, config: Config) -> dict:
 
 def _write_config(config: Config) -> None:
     for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "config.yaml").write_text(config.to_yaml())
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "config.yaml").write_text(config.to_yaml())
+        except OSError as e:
+            raise ToolkitError(f"{folder}: cannot write config.yaml ({e.strerror or e}); free space or give a "
+                               f"writable folder (--checkpoint-dir / log_dir)") from None
+
+
+def _preempted(config: Config, session, state, epoch: int) -> None:
+    """SIGTERM reached a rank: every rank has finished this step; rank 0 checkpoints mid-epoch (the
+    loaders' positions are in it, so --resume continues at the next batch); every rank exits 75."""
+    if config.checkpoint_dir:
+        session.save(epoch=epoch, train_loss=None)
+    raise preemption.Preempted(state.step, config.checkpoint_dir)
 
 
 def run(config: Config) -> dict:
@@ -76,8 +88,16 @@ def run(config: Config) -> dict:
                         for d in per])
     train_loader, eval_loader = loaders(config, session, data)
     meta = _resume(session, config)
+    error = None
     if session.is_main:
-        _write_config(config)
+        try:
+            _write_config(config)
+        except ToolkitError as e:
+            error = str(e)
+    if session.size > 1 and not config.elastic:     # a folder rank 0 cannot write stops every rank, in one line
+        error = session.broadcast_object(error, name="toolkit.config_written")
+    if error:
+        raise ToolkitError(error)
     delays, fractions = config.straggler_delays(), config.data_fractions()
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     epoch = int(meta.get("epoch", 0))      # a checkpoint of the loader mid-epoch resumes there (user loops)
@@ -131,6 +151,10 @@ def run(config: Config) -> dict:
                     bar.update(1)
                 if config.elastic and state.step % config.elastic_commit_every == 0:
                     state.commit()
+                elif not config.elastic and not fractions and session.should_stop():
+                    if bar:
+                        bar.close()
+                    _preempted(config, session, state, epoch)
             if bar:
                 bar.close()
             if fractions:   # ranks that ran out joined: the last one has every step; its model for all
