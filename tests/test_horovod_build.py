@@ -1,14 +1,21 @@
 """The Horovod build recipe: switches, workarounds and the cache key (no compiling here)."""
 import os
+from pathlib import Path
 
 import pytest
 
-from toolkit import horovod_build as hb
+from toolkit import horovod_build as hb, toolchain as tc
 from toolkit.errors import ToolkitError
+
+# This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.
+TOOLCHAIN = tc.Toolchain(python=(3, 11), compiler="c++", compiler_id="gcc", compiler_version=(12, 2, 0),
+                         cmake_version=(3, 25, 1), cffi=True)
 
 
 def test_env_has_the_workarounds(tmp_path):
-    env = hb.build_env(hb.BuildSpec(), tmp_path, {"CXXFLAGS": "-O2", "HOROVOD_WITHOUT_MXNET": "1"})
+    env, applied = hb.build_env(hb.BuildSpec(), tmp_path, {"CXXFLAGS": "-O2", "HOROVOD_WITHOUT_MXNET": "1"},
+                                TOOLCHAIN)
+    assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers"]
     assert env["HOROVOD_WITH_PYTORCH"] == env["HOROVOD_WITH_TENSORFLOW"] == env["HOROVOD_WITH_MXNET"] == "1"
     assert "HOROVOD_WITHOUT_MXNET" not in env, "a stale opposite switch must be removed"
     assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"
@@ -25,12 +32,12 @@ def test_env_has_the_workarounds(tmp_path):
 
 
 def test_gpu_and_subset(tmp_path):
-    env = hb.build_env(hb.BuildSpec(frameworks=("torch",), gpu=True, mpi=False, extra_env=("HOROVOD_DEBUG=1",)),
-                       tmp_path, {})
+    env, _ = hb.build_env(hb.BuildSpec(frameworks=("torch",), gpu=True, mpi=False, extra_env=("HOROVOD_DEBUG=1",)),
+                          tmp_path, {}, TOOLCHAIN)
     assert env["HOROVOD_GPU_OPERATIONS"] == "NCCL"
     assert env["HOROVOD_WITHOUT_TENSORFLOW"] == env["HOROVOD_WITHOUT_MXNET"] == env["HOROVOD_WITHOUT_MPI"] == "1"
     assert env["HOROVOD_DEBUG"] == "1"
-    assert "xla_shim" not in env["CXXFLAGS"]
+    assert "xla_shim" not in env.get("CXXFLAGS", "")
 
 
 def test_cache_key_changes_with_every_input():
@@ -50,6 +57,8 @@ def test_cache_key_changes_with_every_input():
     (dict(frameworks=()), "at least one"),
     (dict(mpi=False, gloo=False), "no controller"),
     (dict(extra_env=("NOEQUALS",)), "KEY=VALUE"),
+    (dict(cuda_arch="90"), "--cuda-arch applies to GPU builds"),
+    (dict(gpu=True, cuda_arch="9.0"), "without the dot"),
 ])
 def test_bad_specs(kwargs, needle):
     with pytest.raises(ToolkitError, match=needle):
@@ -62,8 +71,98 @@ def test_a_cpu_build_does_not_turn_on_cuda_for_pypis_torch(tmp_path):
     CPU build's environment makes torch report none; the GPU build keeps it."""
     import subprocess
     import sys
-    env = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, dict(os.environ))
+    env, _ = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, dict(os.environ))
     probe = "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)"
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "None", out
-    assert "PYTHONPATH" not in hb.build_env(hb.BuildSpec(frameworks=("torch",), gpu=True), tmp_path, {})
+    assert "PYTHONPATH" not in hb.build_env(hb.BuildSpec(frameworks=("torch",), gpu=True), tmp_path, {}, TOOLCHAIN)[0]
+
+
+def _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",)), base=None, **changes):
+    import dataclasses
+    return hb.build_env(spec, tmp_path, dict(base or {}), dataclasses.replace(TOOLCHAIN, **changes))
+
+
+@pytest.mark.parametrize("compiler_id, version, applies", [
+    ("gcc", (12, 2, 0), False), ("gcc", (13, 3, 0), True), ("gcc", (14, 2, 0), True), ("clang", (18, 1), False)])
+def test_gcc_13_and_later_get_the_missing_includes(tmp_path, compiler_id, version, applies):
+    env, applied = _applied(tmp_path, compiler_id=compiler_id, compiler_version=version)
+    assert ("gcc13-includes" in applied) == applies
+    assert ("-include string -include stdexcept" in env.get("CXXFLAGS", "")) == applies
+
+
+def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):
+    assert "CMAKE_POLICY_VERSION_MINIMUM" not in _applied(tmp_path, cmake_version=(3, 31, 6))[0]
+    assert _applied(tmp_path, cmake_version=(4, 4, 0))[0]["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"
+    env, applied = _applied(tmp_path, base={"CMAKE_POLICY_VERSION_MINIMUM": "3.10"}, cmake_version=(4, 4, 0))
+    assert env["CMAKE_POLICY_VERSION_MINIMUM"] == "3.10" and "cmake4-policy" not in applied
+    env, applied = _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",), extra_env=("CMAKE_POLICY_VERSION_MINIMUM=3.12",)),
+                            cmake_version=(4, 4, 0))
+    assert env["CMAKE_POLICY_VERSION_MINIMUM"] == "3.12" and "cmake4-policy" not in applied
+
+
+def test_cffi_is_installed_first_only_for_torch_and_only_when_missing(tmp_path):
+    build = hb.Build(hb.BuildSpec(frameworks=("torch",)), TOOLCHAIN, tmp_path, {})
+    cffi = next(w for w in hb.WORKAROUNDS if w.name == "cffi-first")
+    assert not cffi.applies(build)
+    build.toolchain = tc.Toolchain(**{**TOOLCHAIN.__dict__, "cffi": False})
+    assert cffi.applies(build)
+    build.spec = hb.BuildSpec(frameworks=("tensorflow",))
+    assert not cffi.applies(build)
+
+
+def _fake_nccl(root, version=(2, 28, 3)):
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "include" / "nccl.h").write_text("".join(f"#define NCCL_{k} {v}\n"
+                                                     for k, v in zip(("MAJOR", "MINOR", "PATCH"), version)))
+    (root / "lib" / "libnccl.so.2").write_bytes(b"")
+    return root
+
+
+def test_nccl_from_a_wheel_gets_its_unversioned_link_and_shared_linking(tmp_path):
+    wheel = _fake_nccl(tmp_path / "nvidia" / "nccl")
+    nccl = tc.Nccl("nvidia-nccl-cu13", str(wheel / "include"), str(wheel / "lib"), "2.28.3")
+    env, applied = _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",), gpu=True), nccl=nccl)
+    assert "nccl-from-pip" in applied and env["HOROVOD_NCCL_LINK"] == "SHARED"
+    assert env["HOROVOD_NCCL_INCLUDE"] == str(wheel / "include")
+    link = Path(env["HOROVOD_NCCL_LIB"]) / "libnccl.so"
+    assert link.is_symlink() and link.resolve() == (wheel / "lib" / "libnccl.so.2").resolve()
+    system = tc.Nccl("system", "/usr/include", "/usr/lib/x86_64-linux-gnu", "2.28.3")
+    assert "nccl-from-pip" not in _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",), gpu=True),
+                                           nccl=system)[1]
+    assert "nccl-from-pip" not in _applied(tmp_path, nccl=nccl)[1], "a CPU build needs no NCCL"
+
+
+def test_which_nccl_is_used_and_its_version_is_read_from_the_header(tmp_path):
+    system = tc.system_nccl({"HOROVOD_NCCL_HOME": str(_fake_nccl(tmp_path / "sys", (2, 21, 5)))})
+    assert system.source == "system" and system.version == "2.21.5"
+    wheel = tc.Nccl("nvidia-nccl-cu13", "/w/include", "/w/lib", "2.28.3")
+    assert tc.pick_nccl(system, wheel) == (wheel, system), "torch loads the wheel's at run time: build with that"
+    same = tc.Nccl("system", "/usr/include", "/usr/lib", "2.28.3")
+    assert tc.pick_nccl(same, wheel) == (same, wheel)
+    assert tc.pick_nccl(None, wheel) == (wheel, None) and tc.pick_nccl(system, None) == (system, None)
+
+
+def test_cuda_architectures_from_the_flag_then_the_gpus_present_then_a_default(tmp_path):
+    gpu = hb.BuildSpec(frameworks=("torch",), gpu=True)
+    assert _applied(tmp_path, spec=gpu)[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == hb.DEFAULT_CUDA_ARCHS
+    assert _applied(tmp_path, spec=gpu, gpu_archs=("90",))[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == "90"
+    flag = hb.BuildSpec(frameworks=("torch",), gpu=True, cuda_arch="80,90")
+    assert _applied(tmp_path, spec=flag, gpu_archs=("90",))[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == "80,90"
+    assert "HOROVOD_BUILD_CUDA_CC_LIST" not in _applied(tmp_path)[0]
+    assert "35" not in hb.DEFAULT_CUDA_ARCHS.split(",") and "70" not in hb.DEFAULT_CUDA_ARCHS.split(",")
+
+
+def test_this_machines_toolchain_is_detected_and_explained():
+    import re
+    import shutil
+    import subprocess
+    found = tc.detect()
+    gcc = subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    assert found.compiler_id == "gcc" and ".".join(map(str, found.compiler_version)) == gcc
+    cmake = subprocess.run(["cmake", "--version"], capture_output=True, text=True).stdout if shutil.which("cmake") else ""
+    assert ".".join(map(str, found.cmake_version)) == (re.search(r"[\d.]+", cmake).group(0) if cmake else "")
+    text = hb.explain(hb.BuildSpec(), found)
+    assert text.startswith(f"toolchain: {found.describe()}")
+    assert all(w.name in text and w.fixes in text for w in hb.WORKAROUNDS)

@@ -28,8 +28,9 @@ def pins_digest(gpu: bool = False) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def ensure_system_packages(say) -> None:
-    if shutil.which("mpirun") and shutil.which("mpicxx"):
+def ensure_system_packages(say, compilers: bool = True) -> None:
+    """Open MPI: mpirun, and mpicxx too unless Horovod comes built (`compilers` False: a wheelhouse)."""
+    if shutil.which("mpirun") and (shutil.which("mpicxx") or not compilers):
         return
     packages = " ".join(pins.APT_PACKAGES)
     if os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -67,7 +68,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
     if f"{sys.version_info.major}.{sys.version_info.minor}" != pins.PYTHON:
         raise ToolkitError(f"setup needs Python {pins.PYTHON} (this is {sys.version.split()[0]}); "
                            f"run it as `python{pins.PYTHON} -m toolkit setup`")
-    ensure_system_packages(say)
+    ensure_system_packages(say, compilers="--wheelhouse" not in build_args)
     python = _venv_python(venv)
     if not python.exists():
         say(f"setup: creating {venv}")

@@ -1,7 +1,9 @@
 """Build Horovod 0.28.1 from its sdist against today's frameworks, and cache the wheel.
 
-The stock build fails on torch >= 2.1 (Horovod's CMake forces C++14) and on TensorFlow >= 2.19
-(moved XLA headers, headers outside TF's include root). The workarounds live here, once, and
+The stock build fails on today's frameworks (torch >= 2.1, TensorFlow >= 2.19) and toolchains (GCC
+>= 13, CMake >= 4, NCCL and CUDA's compiler from pip wheels). Every workaround is one row of
+WORKAROUNDS, with the error it fixes and when it applies, judged from the detected toolchain
+(toolkit/toolchain.py); `toolkit build-horovod --explain` prints the table for this machine.
 `toolkit setup` and the Docker images both come through `toolkit build-horovod`.
 
 The build runs in the *current* Python environment (it must see the frameworks:
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -21,8 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
-from toolkit import pins
+from toolkit import pins, toolchain as toolchain_mod, wheelhouse
 from toolkit.errors import ToolkitError
 
 ALL_FRAMEWORKS = tuple(pins.HOROVOD_FRAMEWORKS)
@@ -67,6 +71,7 @@ class _NoCudaHome:
 sys.meta_path.insert(0, _NoCudaHome())
 """
 MARKER = ".toolkit_build_key"
+BUILD_INFO = ".toolkit_build.json"      # the installed build's manifest (wheelhouse.manifest)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class BuildSpec:
     mpi: bool = True           # HOROVOD_WITH_MPI
     gloo: bool = True          # HOROVOD_WITH_GLOO
     extra_env: tuple[str, ...] = ()   # KEY=VALUE passed to the build as they are
+    cuda_arch: str | None = None      # "80,90": compute capabilities (default: the GPUs present, else a list)
 
     def __post_init__(self):
         unknown = sorted(set(self.frameworks) - set(ALL_FRAMEWORKS))
@@ -89,6 +95,12 @@ class BuildSpec:
         for item in self.extra_env:
             if "=" not in item:
                 raise ToolkitError(f"--env {item!r}: expected KEY=VALUE, e.g. --env HOROVOD_DEBUG=1")
+        if self.cuda_arch is not None:
+            if not self.gpu:
+                raise ToolkitError("--cuda-arch applies to GPU builds; add --gpu or drop it")
+            if not all(a.isdigit() and len(a) >= 2 for a in self.cuda_arch.split(",")):
+                raise ToolkitError(f"--cuda-arch {self.cuda_arch!r}: expected compute capabilities without the dot, "
+                                   "e.g. --cuda-arch 80,90 (A100, H100)")
 
 
 def framework_versions(frameworks) -> dict[str, str]:
@@ -128,8 +140,121 @@ def _site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
-def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str]) -> dict[str, str]:
-    """The environment for `pip wheel horovod`: framework switches and the workarounds."""
+DEFAULT_CUDA_ARCHS = "75,80,86,89,90"     # Turing .. Hopper: nvcc 12 and 13 both compile these (13 dropped sm_70)
+
+
+@dataclass
+class Build:
+    """What a workaround sees and changes: the request, the toolchain, a scratch folder, the environment."""
+    spec: BuildSpec
+    toolchain: toolchain_mod.Toolchain
+    workdir: Path
+    env: dict[str, str]
+
+    def add_cxxflags(self, *flags: str) -> None:
+        self.env["CXXFLAGS"] = " ".join(f for f in (self.env.get("CXXFLAGS", ""), *flags) if f)
+
+
+@dataclass(frozen=True)
+class Workaround:
+    name: str
+    fixes: str                                   # the error the stock build stops with
+    applies: Callable[[Build], bool]
+    apply: Callable[[Build], None]
+    when: str                                    # `applies` in words
+
+
+def _cxx_launcher(b: Build) -> None:
+    launcher = b.workdir / "cxx_std"
+    launcher.write_text(_CXX_LAUNCHER)
+    launcher.chmod(0o755)
+    b.env["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher)
+
+
+def _torch_cpu(b: Build) -> None:
+    site = b.workdir / "torch_cpu"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_TORCH_CPU_SITECUSTOMIZE)
+    b.env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), b.env.get("PYTHONPATH"))))
+
+
+def _tensorflow_headers(b: Build) -> None:
+    tf_include = _site_packages() / "tensorflow" / "include"
+    shim = b.workdir / "xla_shim"
+    header = shim / "tensorflow" / "compiler" / "xla" / "client" / "xla_builder.h"
+    header.parent.mkdir(parents=True, exist_ok=True)
+    header.write_text(_XLA_SHIM)
+    b.add_cxxflags(f"-I{tf_include}/external/highwayhash", f"-I{tf_include}/external/farmhash_archive/src",
+                   f"-I{shim}")
+
+
+def _cffi(b: Build) -> None:
+    _pip("install", "--disable-pip-version-check", "-q", f"cffi=={pins.TOOLS['cffi']}")
+
+
+def _nccl_from_pip(b: Build) -> None:
+    """The wheel ships libnccl.so.2 only; the linker looks for libnccl.so: a link in the scratch folder."""
+    nccl = b.toolchain.nccl
+    links = b.workdir / "nccl_lib"
+    links.mkdir(exist_ok=True)
+    (links / "libnccl.so").symlink_to(Path(nccl.lib) / "libnccl.so.2")
+    b.env.update(HOROVOD_NCCL_INCLUDE=nccl.include, HOROVOD_NCCL_LIB=str(links), HOROVOD_NCCL_LINK="SHARED")
+
+
+def _cuda_archs(b: Build) -> None:
+    b.env["HOROVOD_BUILD_CUDA_CC_LIST"] = b.spec.cuda_arch or ",".join(b.toolchain.gpu_archs) or DEFAULT_CUDA_ARCHS
+
+
+def _gcc_at_least(b: Build, major: int) -> bool:
+    return b.toolchain.compiler_id == "gcc" and b.toolchain.compiler_version[:1] >= (major,)
+
+
+# One row per problem: the error the stock Horovod 0.28.1 build stops with, and what fixes it.
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround("cxx-std", "torch >= 2.1: `#error C++17 or later compatible compiler is required to use PyTorch` "
+               "(Horovod's CMake forces -std=c++14; torch >= 2.14 needs C++20)",
+               lambda b: True, _cxx_launcher, "always (a launcher appends -std=c++20 for torch's sources, "
+               "-std=c++17 for the rest, after Horovod's flag)"),
+    Workaround("torch-cpu-no-cuda-home", "a CPU build against PyPI's CUDA torch: `Could NOT find CUDAToolkit` "
+               "(FindPytorch turns CUDA on when torch.version.cuda is set and a CUDA_HOME is found)",
+               lambda b: "torch" in b.spec.frameworks and not b.spec.gpu, _torch_cpu,
+               "torch, CPU build"),
+    Workaround("tensorflow-headers", "TensorFlow >= 2.19: `fatal error: tensorflow/compiler/xla/client/"
+               "xla_builder.h: No such file or directory`, then highwayhash's and farmhash's headers",
+               lambda b: "tensorflow" in b.spec.frameworks, _tensorflow_headers, "tensorflow"),
+    Workaround("gcc13-includes", "GCC >= 13: `horovod/common/group_table.h:35:47: error: 'string' in namespace "
+               "'std' does not name a type`, `common.h:343:18: error: 'logic_error' is not a member of 'std'`",
+               lambda b: _gcc_at_least(b, 13), lambda b: b.add_cxxflags("-include string", "-include stdexcept"),
+               "the C++ compiler is GCC >= 13"),
+    Workaround("cmake4-policy", "CMake >= 4: `third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required): "
+               "Compatibility with CMake < 3.5 has been removed from CMake.`",
+               lambda b: b.toolchain.cmake_version[:1] >= (4,) and "CMAKE_POLICY_VERSION_MINIMUM" not in b.env,
+               lambda b: b.env.update(CMAKE_POLICY_VERSION_MINIMUM="3.5"), "CMake >= 4"),
+    Workaround("cffi-first", "torch: `Could not find a version that satisfies the requirement cffi>=1.4.0` "
+               "(Horovod's setup_requires, fetched at build time: fails without a package index)",
+               lambda b: "torch" in b.spec.frameworks and not b.toolchain.cffi, _cffi,
+               "torch, and cffi not installed (installed first, at the pinned version)"),
+    Workaround("nccl-from-pip", "GPU build without a system NCCL: `Could NOT find NCCL (missing: "
+               "NCCL_INCLUDE_DIR NCCL_LIBRARY)`; the nvidia-nccl-cu* wheel has libnccl.so.2 but no libnccl.so",
+               lambda b: b.spec.gpu and b.toolchain.nccl is not None and b.toolchain.nccl.source != "system"
+               and "HOROVOD_NCCL_HOME" not in b.env and "HOROVOD_NCCL_LIB" not in b.env,
+               _nccl_from_pip, "GPU build, NCCL from a pip wheel (see toolchain.pick_nccl)"),
+    Workaround("nvcc-from-pip", "GPU build, CUDA's compiler from a pip wheel: `Could not find nvcc. Make sure it "
+               "is added to your path or in $HOROVOD_CUDA_HOME/bin.`",
+               lambda b: b.spec.gpu and b.toolchain.cuda_home is not None and "HOROVOD_CUDA_HOME" not in b.env,
+               lambda b: b.env.update(HOROVOD_CUDA_HOME=b.toolchain.cuda_home),
+               "GPU build (HOROVOD_CUDA_HOME from the nvcc found, wheel or system)"),
+    Workaround("cuda-arch", "GPU build: Horovod's default architecture list starts at sm_35: `nvcc fatal : "
+               "Unsupported gpu architecture 'compute_35'` on CUDA >= 12",
+               lambda b: b.spec.gpu and "HOROVOD_BUILD_CUDA_CC_LIST" not in b.env, _cuda_archs,
+               f"GPU build: --cuda-arch, else the GPUs present (nvidia-smi), else {DEFAULT_CUDA_ARCHS}"),
+)
+
+
+def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str],
+              toolchain: toolchain_mod.Toolchain | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment for `pip wheel horovod` (framework switches, the workarounds that apply) and
+    the names of those workarounds."""
     env = dict(base_env)
     switches = {**{_HOROVOD_FLAG[fw]: fw in spec.frameworks for fw in ALL_FRAMEWORKS},
                 "MPI": spec.mpi, "GLOO": spec.gloo}
@@ -140,32 +265,32 @@ def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str]) -> dict[
     if spec.gpu:
         env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 2}")
-
-    launcher = workdir / "cxx_std"
-    launcher.write_text(_CXX_LAUNCHER)
-    launcher.chmod(0o755)
-    env["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher)
-
-    if "torch" in spec.frameworks and not spec.gpu:
-        site = workdir / "torch_cpu"
-        site.mkdir(exist_ok=True)
-        (site / "sitecustomize.py").write_text(_TORCH_CPU_SITECUSTOMIZE)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
-
-    cxxflags = [env.get("CXXFLAGS", "")]
-    if "tensorflow" in spec.frameworks:
-        tf_include = _site_packages() / "tensorflow" / "include"
-        shim = workdir / "xla_shim"
-        header = shim / "tensorflow" / "compiler" / "xla" / "client" / "xla_builder.h"
-        header.parent.mkdir(parents=True, exist_ok=True)
-        header.write_text(_XLA_SHIM)
-        cxxflags += [f"-I{tf_include}/external/highwayhash",
-                     f"-I{tf_include}/external/farmhash_archive/src", f"-I{shim}"]
-    env["CXXFLAGS"] = " ".join(f for f in cxxflags if f)
-    for item in spec.extra_env:
+    for item in spec.extra_env:      # the user's --env first: a workaround leaves what they set alone
         key, value = item.split("=", 1)
         env[key] = value
-    return env
+    build = Build(spec, toolchain or toolchain_mod.detect(env), workdir, env)
+    applied = []
+    for w in WORKAROUNDS:
+        if w.applies(build):
+            w.apply(build)
+            applied.append(w.name)
+    for item in spec.extra_env:      # ... and wins over them
+        key, value = item.split("=", 1)
+        env[key] = value
+    return env, applied
+
+
+def explain(spec: BuildSpec, toolchain: toolchain_mod.Toolchain) -> str:
+    """The table for this machine: each workaround, whether it applies here, the error it fixes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        build = Build(spec, toolchain, Path(tmp), dict(os.environ))
+        rows = [f"{'applies' if w.applies(build) else '-':8} {w.name:24} when: {w.when}\n{'':33} fixes: {w.fixes}"
+                for w in WORKAROUNDS]
+    lines = [f"toolchain: {toolchain.describe()}"]
+    if spec.gpu:
+        lines.append(f"NCCL: {toolchain.nccl.describe() if toolchain.nccl else 'none found'}; "
+                     f"nvcc: {toolchain.nvcc or 'none found'}")
+    return "\n".join(lines + rows)
 
 
 def extension_status(frameworks=ALL_FRAMEWORKS, python: str = sys.executable) -> dict[str, str | None]:
@@ -206,42 +331,96 @@ def _pip(*args: str, env=None, log=None) -> None:
         raise ToolkitError(f"`pip {' '.join(args[:3])} ...` failed (exit {proc.returncode}){tail}")
 
 
-def _install(wheel: Path, key: str) -> None:
+def _install(wheel: Path, key: str, data: dict | None = None) -> None:
     _pip("install", "--no-deps", "--force-reinstall", "--no-compile", str(wheel))
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
-    (Path(list(spec.submodule_search_locations)[0]) / MARKER).write_text(key + "\n")
+    package = Path(list(spec.submodule_search_locations)[0])
+    (package / MARKER).write_text(key + "\n")
+    if data is not None:
+        (package / BUILD_INFO).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = None,
-                      say=print) -> Path:
-    """Install Horovod for `spec`: from the cache when it holds this key, else build, verify, cache."""
+def installed_build() -> dict | None:
+    """The manifest of the Horovod build installed here (toolchain, workarounds, NCCL), if recorded."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    info = Path(list(spec.submodule_search_locations)[0]) / BUILD_INFO
+    try:
+        return json.loads(info.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _verify(spec: BuildSpec, where: str) -> None:
+    bad = {fw: why for fw, why in extension_status(spec.frameworks).items() if why}
+    if bad:
+        raise ToolkitError(f"build-horovod: {where}, but these extensions do not import: "
+                           + "; ".join(f"{fw}: {why}" for fw, why in bad.items()))
+
+
+def _cached_manifest(folder: Path, spec: BuildSpec, versions: dict, key: str, wheel: Path) -> dict:
+    try:
+        return json.loads((folder / wheelhouse.MANIFEST).read_text())
+    except (OSError, ValueError):      # cached before manifests were written: what the key shows
+        data = wheelhouse.manifest(spec, versions, key, wheel)
+        wheelhouse.write_manifest(folder, data)
+        return data
+
+
+def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = None, say=print,
+                      export: str | None = None, wheel_dir: str | None = None) -> Path:
+    """Install Horovod for `spec`: from `wheel_dir` (a wheelhouse: no compiling), or from the cache when
+    it holds this key, else build, verify, cache. `export`: copy the wheel and its manifest there."""
+    versions = framework_versions(spec.frameworks)
+    key = cache_key(spec, versions)
+    if wheel_dir:
+        wheel, data = wheelhouse.find(wheel_dir, key, versions, spec)
+        if installed_key() == key and (installed_build() or {}).get("sha256") == data["sha256"]:
+            say(f"horovod: already installed from {wheel}")
+        else:
+            say(f"horovod: installing {wheel} from the wheelhouse (built {data['built']} with {data['toolchain']})")
+            _install(wheel, key, data)
+            _verify(spec, f"installed {wheel}")
+        return wheel
     if not shutil.which("cmake"):
-        raise ToolkitError("build-horovod: cmake not found; install it (apt-get install cmake)")
+        raise ToolkitError("build-horovod: cmake not found; install it (apt-get install cmake), or install a "
+                           "build made elsewhere with --wheelhouse DIR")
     if spec.mpi and not shutil.which("mpicxx"):
         raise ToolkitError("build-horovod: mpicxx not found; install Open MPI "
                            f"(apt-get install {' '.join(pins.APT_PACKAGES)}) or pass --no-mpi")
-    versions = framework_versions(spec.frameworks)
-    key = cache_key(spec, versions)
     folder = cache_dir() / key
     cached = sorted(folder.glob("horovod-*.whl"))
-    if not force and installed_key() == key:
-        say(f"horovod: already installed, the build cached in {cached[0] if cached else folder}")
-        return cached[0] if cached else folder
     if cached and not force:
-        say(f"horovod: installing cached wheel {cached[0]}")
-        _install(cached[0], key)
-        return cached[0]
+        wheel, data = cached[0], _cached_manifest(folder, spec, versions, key, cached[0])
+        if installed_key() == key:
+            say(f"horovod: already installed, the build cached in {wheel}")
+        else:
+            say(f"horovod: installing cached wheel {wheel}")
+            _install(wheel, key, data)
+    else:
+        wheel, data = _build(spec, versions, key, folder, sdist, say)
+    if export:
+        say(f"horovod: exported {wheel.name} and its {wheelhouse.MANIFEST} to "
+            f"{wheelhouse.export(wheel, data, export)}")
+    return wheel
 
+
+def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str | None, say) -> tuple[Path, dict]:
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "build.log"
     say(f"horovod: building {pins.HOROVOD} for {', '.join(spec.frameworks)} "
         f"({'NCCL' if spec.gpu else 'CPU'} ops); log: {log_path} (about 10-20 min on 2 cores)")
     with tempfile.TemporaryDirectory(prefix="toolkit-hvd-") as tmp:
         work = Path(tmp)
-        env = build_env(spec, work, dict(os.environ))
+        toolchain = toolchain_mod.detect()
+        env, applied = build_env(spec, work, dict(os.environ), toolchain)
+        say(f"horovod: toolchain {toolchain.describe()}; workarounds: {', '.join(applied) or 'none'}")
         target = sdist or f"horovod=={pins.HOROVOD}"
         with open(log_path, "w") as log:
+            log.write(f"toolkit: toolchain {toolchain.describe()}; workarounds: {', '.join(applied) or 'none'}\n")
+            log.flush()
             try:
                 # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would hand back
                 # a wheel built against other framework versions (seen when torch's pin moved)
@@ -251,16 +430,13 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
                 raise ToolkitError(f"{e}; last lines of {log_path}:\n{tail}") from None
         wheel = next((work / "dist").glob("horovod-*.whl"))
-        _install(wheel, key)
-        bad = {fw: why for fw, why in extension_status(spec.frameworks).items() if why}
-        if bad:
-            raise ToolkitError("build-horovod: built, but these extensions do not import: "
-                               + "; ".join(f"{fw}: {why}" for fw, why in bad.items())
-                               + f". See {log_path}")
+        data = wheelhouse.manifest(spec, versions, key, wheel, toolchain, applied)
+        _install(wheel, key, data)
+        _verify(spec, f"built (see {log_path})")
         final = folder / wheel.name
         partial = folder / (wheel.name + ".partial")
         shutil.copyfile(wheel, partial)
         os.replace(partial, final)
+        wheelhouse.write_manifest(folder, data)
     say(f"horovod: built and cached {final}")
-    return final
-
+    return final, data

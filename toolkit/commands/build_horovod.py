@@ -15,14 +15,34 @@ def register(sub) -> None:
                    help="extra build variable, e.g. HOROVOD_DEBUG=1 (repeatable)")
     p.add_argument("--sdist", default=None, help="a local horovod sdist instead of fetching horovod==0.28.1")
     p.add_argument("--force", action="store_true", help="rebuild even when the cache holds this build")
+    p.add_argument("--cuda-arch", default=None, metavar="LIST",
+                   help="GPU builds: compute capabilities, e.g. 80,90 (default: the GPUs present, else 75-90)")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="also copy the wheel and a manifest of what it was built against to DIR/<key>/, for "
+                        "`toolkit setup --wheelhouse DIR` on other nodes")
+    p.add_argument("--wheelhouse", default=None, metavar="DIR",
+                   help="install the build for this environment from DIR (made by --export); no compiler "
+                        "needed; refuses a build made for other versions")
+    p.add_argument("--explain", action="store_true",
+                   help="print this machine's toolchain and which workarounds a build would apply, then exit")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from toolkit import horovod_build
 
+    from toolkit import toolchain
+    from toolkit.errors import ToolkitError
+
     spec = horovod_build.BuildSpec(
         frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
-        gpu=args.gpu, mpi=not args.no_mpi, gloo=not args.no_gloo, extra_env=tuple(args.env))
-    horovod_build.build_and_install(spec, force=args.force, sdist=args.sdist)
+        gpu=args.gpu, mpi=not args.no_mpi, gloo=not args.no_gloo, extra_env=tuple(args.env),
+        cuda_arch=args.cuda_arch)
+    if args.explain:
+        print(horovod_build.explain(spec, toolchain.detect()))
+        return 0
+    if args.wheelhouse and (args.force or args.sdist or args.export):
+        raise ToolkitError("--wheelhouse installs a build made elsewhere; drop --force/--sdist/--export with it")
+    horovod_build.build_and_install(spec, force=args.force, sdist=args.sdist, export=args.export,
+                                    wheel_dir=args.wheelhouse)
     return 0

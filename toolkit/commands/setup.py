@@ -8,6 +8,9 @@ def register(sub) -> None:
     p.add_argument("--gpu", action="store_true",
                    help="the GPU variant (docker/Dockerfile): tensorflow instead of tensorflow-cpu, torch from "
                         "the CUDA index pip is given, Horovod with NCCL (build-horovod --gpu)")
+    p.add_argument("--wheelhouse", default=None, metavar="DIR",
+                   help="Horovod from DIR (`toolkit build-horovod --export DIR` on a machine that builds): "
+                        "no compilers needed here; a build for other versions is refused")
     p.add_argument("build_args", nargs="*", metavar="-- BUILD-HOROVOD-ARGS",
                    help="passed to `toolkit build-horovod`, after `--`")
     p.set_defaults(func=run)
@@ -16,6 +19,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from toolkit import envsetup
 
-    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", args.build_args,
+    build_args = list(args.build_args)
+    if args.wheelhouse:
+        build_args += ["--wheelhouse", str(Path(args.wheelhouse).resolve())]
+    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", build_args,
                    gpu=args.gpu)
     return 0
