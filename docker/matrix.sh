@@ -31,17 +31,18 @@ command -v buildah >/dev/null 2>&1 || die "buildah is missing (apt-get install b
 # pip's own configuration, passed through: PIP_* variables, the config files, and every local path
 # they name (find-links folders, file:// indexes with the folder beside them, the CA, constraints).
 pip_mounts() {
-  local v f
-  for f in /etc/xdg/pip /etc/pip.conf "$HOME/.config/pip" "$HOME/.pip"; do
-    [ -e "$f" ] && printf -- '-v\n%s:%s:ro\n' "$f" "$f"
-  done
-  "$PYTHON" -m pip config list 2>/dev/null | sed -E "s/^[^=]+='?//; s/'$//" | tr ' ' '\n' | while read -r v; do
+  local v
+  {
+    for v in /etc/xdg/pip /etc/pip.conf "$HOME/.config/pip" "$HOME/.pip"; do echo "$v"; done
+    "$PYTHON" -m pip config list 2>/dev/null | sed -E "s/^[^=]+='?//; s/'$//" | tr ' ' '\n'
+  } | while read -r v; do
     v=${v#file://}
     case $v in /*) ;; *) continue ;; esac
     [ -e "$v" ] || continue
     [ -d "$v" ] && [ "$(basename "$v")" = simple ] && v=$(dirname "$v")
-    printf -- '-v\n%s:%s:ro\n' "$v" "$v"
-  done | awk '!seen[$0]++ || $0 == "-v"'
+    echo "$v"
+  done | sort -u | awk 'prev == "" || index($0, prev "/") != 1 { print; prev = $0 }' \
+    | while read -r v; do printf -- '-v\n%s:%s:ro\n' "$v" "$v"; done
 }
 
 pip_env() {
@@ -62,8 +63,11 @@ run_row() {
   mapfile -t mounts < <(pip_mounts)
   mapfile -t envs < <(pip_env)
   mkdir -p "$HOME/.cache/pip"
+  # pip's files are mounted for the pip and build steps only (apt must be free to write the CA bundle).
   in_ctr() {
-    buildah run --isolation chroot --uts host "${mounts[@]}" "${envs[@]}" \
+    local -a m=("${mounts[@]}")
+    [ "${2:-}" = apt ] && m=()
+    buildah run --isolation chroot --uts host "${m[@]}" "${envs[@]}" \
       -v "$HOME/.cache/pip:/root/.cache/pip" --env OMPI_ALLOW_RUN_AS_ROOT=1 \
       --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 --env OMPI_MCA_btl_vader_single_copy_mechanism=none \
       --env PYTHONUNBUFFERED=1 "$ctr" -- bash -c "$1" >>"$log" 2>&1
@@ -72,7 +76,7 @@ run_row() {
     bash -c 'mkdir -p /opt/toolkit && tar -x -C /opt/toolkit'
   say "$row: apt-get install (${APT// /, })"
   in_ctr "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-          $APT ${CMAKE_APT[$row]}" || die "$row: apt failed, see $log"
+          $APT ${CMAKE_APT[$row]}" apt || die "$row: apt failed, see $log"
   say "$row: venv, torch and the toolkit's own needs"
   local torch
   torch=$(sed -n 's/^ *"torch": "\([^"]*\)".*/\1/p' "$ROOT/toolkit/pins.py")
