@@ -62,13 +62,15 @@ run_row() {
   local -a mounts envs
   mapfile -t mounts < <(pip_mounts)
   mapfile -t envs < <(pip_env)
-  mkdir -p "$HOME/.cache/pip"
+  # Horovod's build log and wheel stay on the host, one cache per row (TOOLKIT_CACHE_DIR).
+  local cache=/var/tmp/toolkit-matrix-cache/$row
+  mkdir -p "$HOME/.cache/pip" "$cache"
   # pip's files are mounted for the pip and build steps only (apt must be free to write the CA bundle).
   in_ctr() {
     local -a m=("${mounts[@]}")
     [ "${2:-}" = apt ] && m=()
     buildah run --isolation chroot --uts host "${m[@]}" "${envs[@]}" \
-      -v "$HOME/.cache/pip:/root/.cache/pip" --env OMPI_ALLOW_RUN_AS_ROOT=1 \
+      -v "$HOME/.cache/pip:/root/.cache/pip" -v "$cache:/root/.cache/toolkit" --env OMPI_ALLOW_RUN_AS_ROOT=1 \
       --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 --env OMPI_MCA_btl_vader_single_copy_mechanism=none \
       --env PYTHONUNBUFFERED=1 "$ctr" -- bash -c "$1" >>"$log" 2>&1
   }

@@ -84,6 +84,28 @@ def _check_mpi(mpirun: str, mpirun_version: str) -> None:
 ALL = "all"
 
 
+def _check_toolchain() -> None:
+    """What a build here would use (toolkit/toolchain.py), and what the installed build was made with."""
+    from toolkit import toolchain
+
+    found = toolchain.detect()
+    built = horovod_build.installed_build() or {}
+    _line("info", "toolchain", found.describe() + (f"; the installed Horovod: {built['toolchain']}, workarounds "
+                                                   f"{', '.join(built.get('workarounds', [])) or 'none'}"
+                                                   if built.get("toolchain") not in (None, "not recorded") else ""))
+    if found.nccl:
+        other = f"; not {found.other_nccl.describe()} (one NCCL per process: torch loads the wheel's)" \
+            if found.other_nccl else ""
+        _line("info", "nccl", f"a GPU build (`build-horovod --gpu`) links {found.nccl.describe()}{other}")
+    else:
+        _line("info", "nccl", "none found: a GPU build needs the nvidia-nccl-cu* wheel (torch's CUDA wheels bring "
+                              "it) or libnccl-dev")
+    if built.get("nccl"):
+        _line("info", "  horovod's nccl", f"the installed build linked NCCL {built['nccl']['version']} from "
+                                          f"{built['nccl']['source']}")
+    _line("info", "nvcc", found.nvcc or "none (only GPU builds need it: CUDA's toolkit, or the nvidia-cuda-nvcc wheel)")
+
+
 def report(framework: str) -> int:
     """Print every check and the frameworks that can train; return 1 if `framework` (or, for
     `all`, any of them) cannot train here, else 0."""
@@ -113,6 +135,8 @@ def report(framework: str) -> int:
     key = horovod_build.installed_key()
     _line("ok" if hvd else "FAIL", "horovod", f"{hvd or 'not installed'}" + (f" (build {key})" if key else ""),
           "" if hvd else "run `toolkit build-horovod` (or `make setup`)")
+
+    _check_toolchain()
 
     usable = {}
     for fw, (_, module, ext) in pins.HOROVOD_FRAMEWORKS.items():

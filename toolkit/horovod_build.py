@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -380,7 +381,7 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
         if installed_key() == key and (installed_build() or {}).get("sha256") == data["sha256"]:
             say(f"horovod: already installed from {wheel}")
         else:
-            say(f"horovod: installing {wheel} from the wheelhouse (built {data['built']} with {data['toolchain']})")
+            say(f"horovod: installing {wheel} from the wheelhouse (built {data['built']}; toolchain: {data['toolchain']})")
             _install(wheel, key, data)
             _verify(spec, f"installed {wheel}")
         return wheel
@@ -407,6 +408,14 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
     return wheel
 
 
+def first_errors(log_path: Path, count: int = 5) -> str:
+    """The compiler's and CMake's first error lines of a failed build's log (the tail is pip's traceback)."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    errors = [ln.strip() for ln in lines if re.search(r"(\berror:|^CMake Error|fatal error)", ln.strip())]
+    shown = errors[:count] or lines[-20:]
+    return f"{'first errors' if errors else 'last lines'} in {log_path}:\n" + "\n".join(shown)
+
+
 def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str | None, say) -> tuple[Path, dict]:
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "build.log"
@@ -427,8 +436,7 @@ def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str |
                 _pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir", "-v",
                      "-w", str(work / "dist"), target, env=env, log=log)
             except ToolkitError as e:
-                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-                raise ToolkitError(f"{e}; last lines of {log_path}:\n{tail}") from None
+                raise ToolkitError(f"{e}; {first_errors(log_path)}") from None
         wheel = next((work / "dist").glob("horovod-*.whl"))
         data = wheelhouse.manifest(spec, versions, key, wheel, toolchain, applied)
         _install(wheel, key, data)
