@@ -2,8 +2,10 @@
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -211,6 +213,43 @@ def test_emit_slurm_script():
                    "different slot counts")
 
 
+def test_emitted_slurm_script_requeues_a_preempted_job_and_the_next_run_resumes(tmp_path):
+    """With --checkpoint-dir the script asks Slurm for SIGTERM 120 s before the limit, requeues the job
+    when the ranks exit 75 (preempted, checkpointed) and passes --resume once a checkpoint exists. Run
+    here with stand-ins for srun and scontrol that record their arguments."""
+    ckpt = tmp_path / "ckpt"
+    proc = toolkit("launch", "-np", "2", "--emit", "slurm", "--", "python", "examples/train.py", "--checkpoint-dir",
+                   str(ckpt))
+    script = proc.stdout
+    assert "#SBATCH --signal=TERM@120" in script and "#SBATCH --requeue" in script
+    (tmp_path / "bin").mkdir()
+    for tool in ("srun", "scontrol"):
+        stub = tmp_path / "bin" / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/calls\nexit ${{STUB_EXIT:-0}}\n')
+        stub.chmod(0o755)
+    (tmp_path / "job.sh").write_text(script)
+
+    def job(exit_code):
+        env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_JOB_ID="42",
+                   STUB_EXIT=str(exit_code))
+        rc = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, timeout=30).returncode
+        calls = (tmp_path / "calls").read_text().splitlines()
+        (tmp_path / "calls").unlink()
+        return rc, calls
+
+    rc, calls = job(75)          # preempted before any checkpoint: requeued, no --resume
+    assert rc == 75 and calls[0].endswith(f"--checkpoint-dir {ckpt}") and calls[1:] == ["scontrol requeue 42"]
+    (ckpt / "ckpt-00000029").mkdir(parents=True)
+    rc, calls = job(0)           # the requeued run resumes, and is not requeued again
+    assert rc == 0 and calls == [calls[0]] and calls[0].endswith(f"--checkpoint-dir {ckpt} --resume")
+    rc, calls = job(1)           # a failure is not a preemption
+    assert rc == 1 and len(calls) == 1
+    if shutil.which("shellcheck") or (Path(sys.executable).parent / "shellcheck").exists():
+        sc = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+        check = subprocess.run([sc, "-"], input=script, text=True, capture_output=True)
+        assert check.returncode == 0, check.stdout
+
+
 def test_emit_mpijob_manifest():
     import yaml
     proc = toolkit("launch", "-np", "4", "-H", "n1:2,n2:2", "--emit", "mpijob", "--image", "example/toolkit:cpu",
@@ -228,6 +267,10 @@ def test_emit_mpijob_manifest():
     assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "4"] and command[-2:] == ["python", "examples/train.py"]
     assert {"name": "TOOLKIT_EPOCHS", "value": "3"} in launcher["env"] and "TOOLKIT_EPOCHS" in command
     assert "&id" not in proc.stdout
+    pod = worker["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 120, "time for a step and a checkpoint after SIGTERM"
+    hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["/bin/sh", "-c"] and "pkill -TERM -f 'python examples/train.py'" in hook[2]
     one_line_error(toolkit("launch", "-np", "2", "--emit", "mpijob", "--", "true"), "--image")
 
 

@@ -43,6 +43,10 @@ TOOLS = {
 # distributions at the same version. torch keeps its name: its CUDA wheel comes from the index the
 # image names (TORCH_INDEX_URL); MXNet stays the CPU wheel (its CUDA wheels stop at CUDA 11.7).
 GPU_REPLACES = {"tensorflow-cpu": "tensorflow"}
+# ... and adds CUDA's compiler as pip wheels (nvcc, its front end nvvm, crt headers, the runtime), the
+# CUDA 13.0 of torch's own wheels (torch 2.14.1 requires cuda-toolkit==13.0.3): Horovod's NCCL build
+# needs no CUDA base image, and no GPU.
+GPU_ADDS = {"cuda-toolkit[nvcc]": "13.0.3"}
 
 # Debian packages: Open MPI (mpirun, mpicxx) for Horovod's MPI controller and mpi4py.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
@@ -57,7 +61,8 @@ HOROVOD_FRAMEWORKS = {
 
 def requirements(gpu: bool = False) -> list[str]:
     """`name==version` lines for everything installed with dependencies (`gpu`: GPU_REPLACES)."""
-    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()]
+    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()] + \
+        ([f"{n}=={v}" for n, v in GPU_ADDS.items()] if gpu else [])
 
 
 def no_deps_requirements() -> list[str]:

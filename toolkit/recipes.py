@@ -16,6 +16,7 @@ from typing import Optional
 
 from toolkit.errors import ToolkitError
 from toolkit.launch import LaunchSpec, parse_hosts
+from toolkit.preemption import EXIT_CODE
 
 EMITS = ("slurm", "mpijob")
 
@@ -56,9 +57,34 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
     if spec.network_interface:
         lines.append(f"export HOROVOD_GLOO_IFACE={shlex.quote(spec.network_interface)}"
                      f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
-    lines.append("srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none "
-                 + " ".join(shlex.quote(a) for a in spec.command))
+    srun = "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none " + " ".join(shlex.quote(a) for a in spec.command)
+    folder = _checkpoint_dir(spec.command)
+    if folder is None:
+        lines.append(srun)
+        return "\n".join(lines) + "\n"
+    # Preemption (toolkit/preemption.py): SIGTERM to every task GRACE s before the time limit; the ranks
+    # finish their step, rank 0 checkpoints, they exit 75; the job is requeued and resumes.
+    lines[6:6] = [f"#SBATCH --signal=TERM@{GRACE_SECONDS}", "#SBATCH --requeue"]
+    lines += ["# A run after a preemption (exit 75, requeued) resumes from the newest checkpoint.",
+              f"resume=(); compgen -G {shlex.quote(folder)}'/ckpt-*' >/dev/null && resume=(--resume)",
+              f"rc=0; {srun} \"${{resume[@]}}\" || rc=$?",
+              f'if [ "$rc" -eq {EXIT_CODE} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+              'exit "$rc"']
     return "\n".join(lines) + "\n"
+
+
+GRACE_SECONDS = 120     # SIGTERM this long before the end: enough for a step and a checkpoint
+
+
+def _checkpoint_dir(command) -> Optional[str]:
+    """The --checkpoint-dir the command passes (a preempted job can only resume with one)."""
+    command = list(command)
+    for i, arg in enumerate(command):
+        if arg == "--checkpoint-dir" and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith("--checkpoint-dir="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = None, gpus: bool = False,
@@ -77,6 +103,12 @@ def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = No
     worker = {"name": "worker", "image": image, "env": [dict(e) for e in env]}   # copies: no YAML anchors
     if gpus:
         worker["resources"] = {"limits": {"nvidia.com/gpu": per_node}}
+    # Preemption (toolkit/preemption.py): a worker pod's SIGTERM reaches only its PID 1 (sshd), so a
+    # preStop hook passes it to the ranks and waits while they finish the step and rank 0 checkpoints.
+    ranks = shlex.quote(" ".join(spec.command[:2]))
+    worker["lifecycle"] = {"preStop": {"exec": {"command": [
+        "/bin/sh", "-c", f"pkill -TERM -f {ranks}; while pgrep -f {ranks} >/dev/null; do sleep 1; done"]}}}
+    worker_spec = {"terminationGracePeriodSeconds": GRACE_SECONDS, "containers": [worker]}
     run_policy = {"cleanPodPolicy": "Running", "backoffLimit": 0}
     if timeout:
         run_policy["activeDeadlineSeconds"] = int(timeout)
@@ -91,7 +123,7 @@ def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = No
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "template": {"spec": {"containers": [
                     {"name": "launcher", "image": image, "env": env, "command": mpirun + list(spec.command)}]}}},
-                "Worker": {"replicas": nodes, "template": {"spec": {"containers": [worker]}}},
+                "Worker": {"replicas": nodes, "template": {"spec": worker_spec}},
             },
         },
     }
