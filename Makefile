@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TOOLKIT_REQUIRE_MULTIHOST ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 export TOOLKIT_REQUIRE_MULTIHOST
 
-.PHONY: setup demo test
+.PHONY: setup demo test matrix
 setup:
 	$(PYTHON) -m toolkit setup
 
@@ -21,3 +21,8 @@ demo: setup
 test: setup
 	$(BIN)/toolkit doctor --framework all
 	$(BIN)/python -m pytest -q -rs tests
+
+# The toolchain matrix (docs/TOOLCHAINS.md): Horovod built and 2 ranks trained in Debian 12 and 13
+# containers (buildah, debootstrap bases). Root, buildah and debootstrap; about 10 min a row on 2 cores.
+matrix:
+	bash docker/matrix.sh

@@ -83,12 +83,36 @@ def _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",)), base=None, **ch
     return hb.build_env(spec, tmp_path, dict(base or {}), dataclasses.replace(TOOLCHAIN, **changes))
 
 
-@pytest.mark.parametrize("compiler_id, version, applies", [
-    ("gcc", (12, 2, 0), False), ("gcc", (13, 3, 0), True), ("gcc", (14, 2, 0), True), ("clang", (18, 1), False)])
-def test_gcc_13_and_later_get_the_missing_includes(tmp_path, compiler_id, version, applies):
-    env, applied = _applied(tmp_path, compiler_id=compiler_id, compiler_version=version)
-    assert ("gcc13-includes" in applied) == applies
-    assert ("-include string -include stdexcept" in env.get("CXXFLAGS", "")) == applies
+@pytest.mark.parametrize("compiler_id, version, includes, patch", [
+    ("gcc", (12, 2, 0), False, False), ("gcc", (13, 3, 0), True, False), ("gcc", (14, 2, 0), True, True),
+    ("clang", (18, 1), False, False)])
+def test_gcc_13_gets_the_missing_includes_and_gcc_14_the_flatbuffers_fix(tmp_path, compiler_id, version, includes,
+                                                                           patch):
+    import dataclasses
+    header = tmp_path / "src" / hb.FLATBUFFERS_SPAN
+    header.parent.mkdir(parents=True)
+    header.write_text("  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=(...)\n  const size_type count_;\n")
+    env, applied = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, {},
+                                dataclasses.replace(TOOLCHAIN, compiler_id=compiler_id, compiler_version=version),
+                                source=tmp_path / "src")
+    assert ("gcc13-includes" in applied) == includes
+    assert ("-include string -include stdexcept" in env.get("CXXFLAGS", "")) == includes
+    assert ("gcc14-flatbuffers" in applied) == patch
+    assert ("  size_type count_;" in header.read_text().splitlines()) == patch
+
+
+def test_the_flatbuffers_fix_matches_horovods_own_header(tmp_path):
+    """The patched line is in Horovod 0.28.1's sdist (pip's download; skipped without an index)."""
+    import tarfile
+    proc = __import__("subprocess").run([__import__("sys").executable, "-m", "pip", "download", "--no-deps",
+                                         "--no-binary", "horovod", "-q", "-d", str(tmp_path), "horovod==0.28.1"],
+                                        capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.skip("no package index to download Horovod's sdist from")
+    source = hb._unpack(str(next(tmp_path.glob("horovod-*.tar.gz"))), tmp_path / "work")
+    build = hb.Build(hb.BuildSpec(), TOOLCHAIN, tmp_path, {}, source)
+    hb._flatbuffers_span(build)
+    assert "  size_type count_;" in (source / hb.FLATBUFFERS_SPAN).read_text().splitlines()
 
 
 def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -151,6 +152,7 @@ class Build:
     toolchain: toolchain_mod.Toolchain
     workdir: Path
     env: dict[str, str]
+    source: Path | None = None                   # the unpacked sdist, for the workarounds that patch it
 
     def add_cxxflags(self, *flags: str) -> None:
         self.env["CXXFLAGS"] = " ".join(f for f in (self.env.get("CXXFLAGS", ""), *flags) if f)
@@ -202,6 +204,19 @@ def _nccl_from_pip(b: Build) -> None:
     b.env.update(HOROVOD_NCCL_INCLUDE=nccl.include, HOROVOD_NCCL_LIB=str(links), HOROVOD_NCCL_LINK="SHARED")
 
 
+FLATBUFFERS_SPAN = "third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
+
+
+def _flatbuffers_span(b: Build) -> None:
+    """flatbuffers' own fix (google/flatbuffers#7227): span::count_ not const, as its operator= assigns it."""
+    header = b.source / FLATBUFFERS_SPAN
+    text = header.read_text()
+    if "  const size_type count_;" not in text:
+        raise ToolkitError(f"build-horovod: gcc14-flatbuffers: {FLATBUFFERS_SPAN} is not the header it patches "
+                           f"(Horovod {pins.HOROVOD}'s); drop the row or update it")
+    header.write_text(text.replace("  const size_type count_;", "  size_type count_;", 1))
+
+
 def _cuda_archs(b: Build) -> None:
     b.env["HOROVOD_BUILD_CUDA_CC_LIST"] = b.spec.cuda_arch or ",".join(b.toolchain.gpu_archs) or DEFAULT_CUDA_ARCHS
 
@@ -227,6 +242,10 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                "'std' does not name a type`, `common.h:343:18: error: 'logic_error' is not a member of 'std'`",
                lambda b: _gcc_at_least(b, 13), lambda b: b.add_cxxflags("-include string", "-include stdexcept"),
                "the C++ compiler is GCC >= 13"),
+    Workaround("gcc14-flatbuffers", "GCC >= 14: `third_party/flatbuffers/include/flatbuffers/stl_emulation.h:"
+               "549:12: error: assignment of read-only member 'flatbuffers::span<T, Extent>::count_'`",
+               lambda b: _gcc_at_least(b, 14), _flatbuffers_span,
+               "the C++ compiler is GCC >= 14 (patches the sdist's bundled flatbuffers header as upstream did)"),
     Workaround("cmake4-policy", "CMake >= 4: `third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required): "
                "Compatibility with CMake < 3.5 has been removed from CMake.`",
                lambda b: b.toolchain.cmake_version[:1] >= (4,) and "CMAKE_POLICY_VERSION_MINIMUM" not in b.env,
@@ -253,9 +272,10 @@ WORKAROUNDS: tuple[Workaround, ...] = (
 
 
 def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str],
-              toolchain: toolchain_mod.Toolchain | None = None) -> tuple[dict[str, str], list[str]]:
-    """The environment for `pip wheel horovod` (framework switches, the workarounds that apply) and
-    the names of those workarounds."""
+              toolchain: toolchain_mod.Toolchain | None = None,
+              source: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment for `pip wheel <source>` (framework switches, the workarounds that apply, some
+    of which patch `source`, the unpacked sdist) and the names of those workarounds."""
     env = dict(base_env)
     switches = {**{_HOROVOD_FLAG[fw]: fw in spec.frameworks for fw in ALL_FRAMEWORKS},
                 "MPI": spec.mpi, "GLOO": spec.gloo}
@@ -269,7 +289,7 @@ def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str],
     for item in spec.extra_env:      # the user's --env first: a workaround leaves what they set alone
         key, value = item.split("=", 1)
         env[key] = value
-    build = Build(spec, toolchain or toolchain_mod.detect(env), workdir, env)
+    build = Build(spec, toolchain or toolchain_mod.detect(env), workdir, env, source)
     applied = []
     for w in WORKAROUNDS:
         if w.applies(build):
@@ -385,27 +405,43 @@ def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = 
             _install(wheel, key, data)
             _verify(spec, f"installed {wheel}")
         return wheel
-    if not shutil.which("cmake"):
-        raise ToolkitError("build-horovod: cmake not found; install it (apt-get install cmake), or install a "
-                           "build made elsewhere with --wheelhouse DIR")
-    if spec.mpi and not shutil.which("mpicxx"):
-        raise ToolkitError("build-horovod: mpicxx not found; install Open MPI "
-                           f"(apt-get install {' '.join(pins.APT_PACKAGES)}) or pass --no-mpi")
     folder = cache_dir() / key
     cached = sorted(folder.glob("horovod-*.whl"))
-    if cached and not force:
+    if not force and installed_key() == key:     # checked first: no compiler, no cache needed
+        say(f"horovod: already installed, the build cached in {cached[0] if cached else folder}")
+        if not export:
+            return cached[0] if cached else folder
+        if not cached:
+            raise ToolkitError(f"--export: the installed Horovod ({key}) has no cached wheel in {folder}; "
+                               f"rebuild it with `toolkit build-horovod --force --export {export}`")
         wheel, data = cached[0], _cached_manifest(folder, spec, versions, key, cached[0])
-        if installed_key() == key:
-            say(f"horovod: already installed, the build cached in {wheel}")
-        else:
-            say(f"horovod: installing cached wheel {wheel}")
-            _install(wheel, key, data)
+    elif cached and not force:
+        wheel, data = cached[0], _cached_manifest(folder, spec, versions, key, cached[0])
+        say(f"horovod: installing cached wheel {wheel}")
+        _install(wheel, key, data)
     else:
         wheel, data = _build(spec, versions, key, folder, sdist, say)
     if export:
         say(f"horovod: exported {wheel.name} and its {wheelhouse.MANIFEST} to "
             f"{wheelhouse.export(wheel, data, export)}")
     return wheel
+
+
+def _unpack(sdist: str | None, work: Path) -> Path:
+    """Horovod's sdist (the one given, else pip's download of the pinned one), unpacked for the
+    workarounds that patch it; the folder pip builds."""
+    if sdist is None:
+        _pip("download", "--no-deps", "--no-binary", "horovod", "--disable-pip-version-check", "-q",
+             "-d", str(work / "sdist"), f"horovod=={pins.HOROVOD}")
+        sdist = str(next((work / "sdist").glob("horovod-*.tar.gz")))
+    if not Path(sdist).is_file():
+        raise ToolkitError(f"--sdist {sdist}: no such file; give horovod-{pins.HOROVOD}.tar.gz")
+    with tarfile.open(sdist) as tar:     # the "data" filter where this Python has it (3.11.4+)
+        tar.extractall(work / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    tops = [p for p in (work / "src").iterdir() if p.is_dir()]
+    if len(tops) != 1 or not (tops[0] / "setup.py").is_file():
+        raise ToolkitError(f"--sdist {sdist}: not a Horovod sdist (one folder holding setup.py)")
+    return tops[0]
 
 
 def first_errors(log_path: Path, count: int = 5) -> str:
@@ -417,6 +453,12 @@ def first_errors(log_path: Path, count: int = 5) -> str:
 
 
 def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str | None, say) -> tuple[Path, dict]:
+    if not shutil.which("cmake"):
+        raise ToolkitError("build-horovod: cmake not found; install it (apt-get install cmake), or install a "
+                           "build made elsewhere with --wheelhouse DIR")
+    if spec.mpi and not shutil.which("mpicxx"):
+        raise ToolkitError("build-horovod: mpicxx not found; install Open MPI "
+                           f"(apt-get install {' '.join(pins.APT_PACKAGES)}) or pass --no-mpi")
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "build.log"
     say(f"horovod: building {pins.HOROVOD} for {', '.join(spec.frameworks)} "
@@ -424,9 +466,10 @@ def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str |
     with tempfile.TemporaryDirectory(prefix="toolkit-hvd-") as tmp:
         work = Path(tmp)
         toolchain = toolchain_mod.detect()
-        env, applied = build_env(spec, work, dict(os.environ), toolchain)
+        source = _unpack(sdist, work)
+        env, applied = build_env(spec, work, dict(os.environ), toolchain, source)
         say(f"horovod: toolchain {toolchain.describe()}; workarounds: {', '.join(applied) or 'none'}")
-        target = sdist or f"horovod=={pins.HOROVOD}"
+        target = str(source)
         with open(log_path, "w") as log:
             log.write(f"toolkit: toolchain {toolchain.describe()}; workarounds: {', '.join(applied) or 'none'}\n")
             log.flush()
