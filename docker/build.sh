@@ -157,8 +157,8 @@ build() {
 
   if [ -n "${BASE_IMAGE:-}" ]; then
     args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
-  elif [ "$eng" = buildah ] && [ "$variant" = cpu ]; then
-    # No registry needed: the Debian base comes from debootstrap, made once.
+  elif [ "$eng" = buildah ]; then
+    # No registry needed: both images build on Debian, from debootstrap, made once.
     image_exists "$LOCAL_BASE" || make_base
     args+=(--build-arg "BASE_IMAGE=$LOCAL_BASE")
   fi

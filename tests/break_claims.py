@@ -185,6 +185,31 @@ MUTANTS = [
     Mutant("lm-not-causal", "the language model's attention is causal (its falling loss is not cheating)",
            (("adapters/tensorflow/models.py", "(a, a, use_causal_mask=True)", "(a, a)"),),
            (f"{W}::test_transformer_lm_is_causal[tensorflow]",)),
+    # issue 20: toolchains, one build for every node, faults
+    Mutant("sigterm-ignored", "SIGTERM: every rank finishes its step, rank 0 checkpoints, exit 75",
+           (("toolkit/preemption.py", "            signal.signal(sig, _handler)", "            pass"),),
+           ("tests/test_fault_tolerance.py::test_sigterm_stops_every_rank_after_its_step_rank_0_checkpoints_and_resume_is_exact",)),
+    Mutant("sigterm-one-rank", "SIGTERM to one rank stops every rank at the same step",
+           (("adapters/base.py", '        return self.mean(1.0 if preemption.requested() else 0.0, name="toolkit.should_stop") > 0',
+             '        self.mean(1.0 if preemption.requested() else 0.0, name="toolkit.should_stop")\n'
+             '        return preemption.requested()'),),
+           ("tests/test_fault_tolerance.py::test_sigterm_stops_every_rank_after_its_step_rank_0_checkpoints_and_resume_is_exact[rank 1]",)),
+    Mutant("checkpoint-write-raw", "a folder that cannot take a checkpoint is one line on every rank",
+           (("toolkit/checkpoint.py", "        if cause is None:          # the folder takes files: the writer's own error, as it is\n            raise",
+             "        if True:\n            raise"),),
+           ("tests/test_fault_tolerance.py::test_a_full_or_read_only_disk_stops_every_rank_with_one_line_and_the_checkpoint_before_intact",
+            "tests/test_checkpoint.py::test_a_folder_that_cannot_take_the_write_is_one_line_naming_it_and_the_cause")),
+    Mutant("gcc13-undetected", "GCC >= 13 gets the missing includes, GCC >= 14 the flatbuffers fix",
+           (("toolkit/horovod_build.py", '    return b.toolchain.compiler_id == "gcc" and b.toolchain.compiler_version[:1] >= (major,)',
+             "    return False"),),
+           ("tests/test_horovod_build.py",)),
+    Mutant("wheelhouse-any-key", "a wheelhouse build for other versions is refused",
+           (("toolkit/wheelhouse.py", '    match = next((m for m in found if m.get("key") == key), None)',
+             "    match = found[0]"),),
+           ("tests/test_wheelhouse.py::test_a_build_for_other_versions_or_a_damaged_wheel_is_refused_in_one_line",)),
+    Mutant("slurm-no-requeue", "a preempted Slurm job is requeued and resumes",
+           (("toolkit/recipes.py", """              f'if [ "$rc" -eq {EXIT_CODE} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',\n""", ""),),
+           ("tests/test_launch.py::test_emitted_slurm_script_requeues_a_preempted_job_and_the_next_run_resumes",)),
 ]
 
 

@@ -217,6 +217,13 @@ def _flatbuffers_span(b: Build) -> None:
     header.write_text(text.replace("  const size_type count_;", "  size_type count_;", 1))
 
 
+def _cuda_home(b: Build) -> None:
+    home = b.toolchain.cuda_home
+    b.env["HOROVOD_CUDA_HOME"] = home
+    b.env.setdefault("CUDA_HOME", home)         # torch.utils.cpp_extension looks here, then for nvcc on PATH
+    b.env["PATH"] = os.pathsep.join(filter(None, (f"{home}/bin", b.env.get("PATH"))))
+
+
 def _cuda_archs(b: Build) -> None:
     b.env["HOROVOD_BUILD_CUDA_CC_LIST"] = b.spec.cuda_arch or ",".join(b.toolchain.gpu_archs) or DEFAULT_CUDA_ARCHS
 
@@ -262,8 +269,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("nvcc-from-pip", "GPU build, CUDA's compiler from a pip wheel: `Could not find nvcc. Make sure it "
                "is added to your path or in $HOROVOD_CUDA_HOME/bin.`",
                lambda b: b.spec.gpu and b.toolchain.cuda_home is not None and "HOROVOD_CUDA_HOME" not in b.env,
-               lambda b: b.env.update(HOROVOD_CUDA_HOME=b.toolchain.cuda_home),
-               "GPU build (HOROVOD_CUDA_HOME from the nvcc found, wheel or system)"),
+               _cuda_home, "GPU build (HOROVOD_CUDA_HOME, and CUDA_HOME for torch's extension builder, from the "
+               "nvcc found, wheel or system)"),
     Workaround("cuda-arch", "GPU build: Horovod's default architecture list starts at sm_35: `nvcc fatal : "
                "Unsupported gpu architecture 'compute_35'` on CUDA >= 12",
                lambda b: b.spec.gpu and "HOROVOD_BUILD_CUDA_CC_LIST" not in b.env, _cuda_archs,
