@@ -91,7 +91,7 @@ MUTANTS = [
            (("toolkit/checkpoint.py", 'for p in root.glob(f".{PREFIX}*.{REPLACED}-*"):', "for p in []:"),),
            ("tests/test_checkpoint.py::test_a_writer_killed_while_replacing_a_step_leaves_the_old_checkpoint",)),
     Mutant("corrupt-undetected", "a corrupt checkpoint is refused with one line naming it",
-           (("toolkit/checkpoint.py", "if not p.is_file() or _sha256(p) != digest:", "if not p.is_file():"),),
+           (("toolkit/checkpoint.py", "if not p.is_file() or sha256(p) != digest:", "if not p.is_file():"),),
            ("tests/test_checkpoint.py::test_corrupt_latest_is_a_clear_error_and_older_untouched",
             f"{D}::test_corrupt_checkpoint_on_resume[torch]")),
     Mutant("residuals-lost", "top-k resume restores every rank's error-feedback residual",

@@ -22,7 +22,7 @@ REPLACED, DELETED = "replaced", "old"     # why a checkpoint folder was renamed 
 PROBE_BYTES = 1 << 16
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -79,7 +79,7 @@ def save(directory: str | os.PathLike, step: int, progress: dict, write: Callabl
 def _save_in(root: Path, final: Path, tmp: Path, step: int, progress: dict, write, keep: int) -> Path:
     try:
         write(tmp)
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         meta = {"step": step, **progress, "files": files}
         (tmp / META).write_text(json.dumps(meta, indent=1))
         for p in tmp.iterdir():
@@ -146,7 +146,7 @@ def verify(path: Path) -> dict:
                            f"move it out of the folder to resume from the one before") from None
     for name, digest in files.items():
         p = path / name
-        if not p.is_file() or _sha256(p) != digest:
+        if not p.is_file() or sha256(p) != digest:
             raise ToolkitError(f"checkpoint {path} is corrupt ({name} does not match its sha256); "
                                f"move it out of the folder to resume from the one before")
     return meta

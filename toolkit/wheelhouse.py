@@ -9,7 +9,6 @@ must still have: the C library, MPI, the NCCL a pip-NCCL build loads at run time
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -22,18 +21,11 @@ from importlib import metadata
 from pathlib import Path
 
 from toolkit import pins
+from toolkit.checkpoint import sha256
 from toolkit.errors import ToolkitError
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def mpi_version() -> str | None:
