@@ -222,6 +222,10 @@ def _cuda_home(b: Build) -> None:
     b.env["HOROVOD_CUDA_HOME"] = home
     b.env.setdefault("CUDA_HOME", home)         # torch.utils.cpp_extension looks here, then for nvcc on PATH
     b.env["PATH"] = os.pathsep.join(filter(None, (f"{home}/bin", b.env.get("PATH"))))
+    if not Path(home, "lib64").is_dir() and Path(home, "lib").is_dir():
+        # pip's layout (nvidia/cu13/lib): nvcc.profile links from lib64 only, so CMake's compiler
+        # check fails on `cannot find -lcudadevrt`, `-lcudart_static`; nvcc reads extra flags here
+        b.env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, (b.env.get("NVCC_APPEND_FLAGS"), f"-L{home}/lib")))
 
 
 def _cuda_archs(b: Build) -> None:
@@ -267,7 +271,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                and "HOROVOD_NCCL_HOME" not in b.env and "HOROVOD_NCCL_LIB" not in b.env,
                _nccl_from_pip, "GPU build, NCCL from a pip wheel (see toolchain.pick_nccl)"),
     Workaround("nvcc-from-pip", "GPU build, CUDA's compiler from a pip wheel: `Could not find nvcc. Make sure it "
-               "is added to your path or in $HOROVOD_CUDA_HOME/bin.`",
+               "is added to your path or in $HOROVOD_CUDA_HOME/bin.`, then CMake's CUDA compiler check: "
+               "`ld: cannot find -lcudadevrt` (the wheels put CUDA's libraries in lib/, nvcc links from lib64/)",
                lambda b: b.spec.gpu and b.toolchain.cuda_home is not None and "HOROVOD_CUDA_HOME" not in b.env,
                _cuda_home, "GPU build (HOROVOD_CUDA_HOME, and CUDA_HOME for torch's extension builder, from the "
                "nvcc found, wheel or system)"),
