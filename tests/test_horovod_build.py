@@ -190,3 +190,20 @@ def test_this_machines_toolchain_is_detected_and_explained():
     text = hb.explain(hb.BuildSpec(), found)
     assert text.startswith(f"toolchain: {found.describe()}")
     assert all(w.name in text and w.fixes in text for w in hb.WORKAROUNDS)
+
+
+def test_nvcc_from_pip_finds_cudas_libraries_in_the_wheels_lib_folder(tmp_path):
+    """pip's CUDA wheels put libcudart_static.a and libcudadevrt.a in nvidia/cu13/lib; nvcc.profile links
+    from lib64: the GPU image's first build failed on `cannot find -lcudadevrt` before this."""
+    wheel = tmp_path / "nvidia" / "cu13"
+    (wheel / "bin").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    (wheel / "lib" / "libcudart.so.13").write_bytes(b"")
+    gpu = hb.BuildSpec(frameworks=("torch",), gpu=True)
+    env, applied = _applied(tmp_path, spec=gpu, nvcc=str(wheel / "bin" / "nvcc"), cuda_home=str(wheel))
+    assert "nvcc-from-pip" in applied and env["HOROVOD_CUDA_HOME"] == env["CUDA_HOME"] == str(wheel)
+    assert env["NVCC_APPEND_FLAGS"] == f"-L{wheel}/lib" and env["PATH"].startswith(f"{wheel}/bin")
+    link = Path(env["CMAKE_LIBRARY_PATH"]) / "libcudart.so"
+    assert link.is_symlink() and link.resolve() == (wheel / "lib" / "libcudart.so.13").resolve()
+    (wheel / "lib64").mkdir()
+    assert "NVCC_APPEND_FLAGS" not in _applied(tmp_path, spec=gpu, cuda_home=str(wheel))[0], "a system CUDA: as it is"

@@ -222,10 +222,21 @@ def _cuda_home(b: Build) -> None:
     b.env["HOROVOD_CUDA_HOME"] = home
     b.env.setdefault("CUDA_HOME", home)         # torch.utils.cpp_extension looks here, then for nvcc on PATH
     b.env["PATH"] = os.pathsep.join(filter(None, (f"{home}/bin", b.env.get("PATH"))))
-    if not Path(home, "lib64").is_dir() and Path(home, "lib").is_dir():
+    lib = Path(home, "lib")
+    if not Path(home, "lib64").is_dir() and lib.is_dir():
         # pip's layout (nvidia/cu13/lib): nvcc.profile links from lib64 only, so CMake's compiler
-        # check fails on `cannot find -lcudadevrt`, `-lcudart_static`; nvcc reads extra flags here
-        b.env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, (b.env.get("NVCC_APPEND_FLAGS"), f"-L{home}/lib")))
+        # check fails on `cannot find -lcudadevrt`, `-lcudart_static` (nvcc reads extra flags from
+        # NVCC_APPEND_FLAGS); and the wheels ship libcudart.so.13 but no libcudart.so, so
+        # FindCUDAToolkit says `missing: CUDA_CUDART`: unversioned links in the scratch folder,
+        # which find_library searches through CMAKE_LIBRARY_PATH
+        links = b.workdir / "cuda_lib"
+        links.mkdir(exist_ok=True)
+        for versioned in sorted(lib.glob("lib*.so.*")):
+            plain = versioned.name.split(".so.")[0] + ".so"
+            if not (lib / plain).exists() and not (links / plain).exists():
+                (links / plain).symlink_to(versioned)
+        b.env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, (b.env.get("NVCC_APPEND_FLAGS"), f"-L{lib}")))
+        b.env["CMAKE_LIBRARY_PATH"] = os.pathsep.join(filter(None, (str(links), b.env.get("CMAKE_LIBRARY_PATH"))))
 
 
 def _cuda_archs(b: Build) -> None:
@@ -272,7 +283,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                _nccl_from_pip, "GPU build, NCCL from a pip wheel (see toolchain.pick_nccl)"),
     Workaround("nvcc-from-pip", "GPU build, CUDA's compiler from a pip wheel: `Could not find nvcc. Make sure it "
                "is added to your path or in $HOROVOD_CUDA_HOME/bin.`, then CMake's CUDA compiler check: "
-               "`ld: cannot find -lcudadevrt` (the wheels put CUDA's libraries in lib/, nvcc links from lib64/)",
+               "`ld: cannot find -lcudadevrt` (the wheels put CUDA's libraries in lib/, nvcc links from lib64/), "
+               "then `Could NOT find CUDAToolkit (missing: CUDA_CUDART)` (libcudart.so.13, no libcudart.so)",
                lambda b: b.spec.gpu and b.toolchain.cuda_home is not None and "HOROVOD_CUDA_HOME" not in b.env,
                _cuda_home, "GPU build (HOROVOD_CUDA_HOME, and CUDA_HOME for torch's extension builder, from the "
                "nvcc found, wheel or system)"),
