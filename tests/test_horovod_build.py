@@ -199,10 +199,12 @@ def test_nvcc_from_pip_finds_cudas_libraries_in_the_wheels_lib_folder(tmp_path):
     (wheel / "bin").mkdir(parents=True)
     (wheel / "lib").mkdir()
     (wheel / "lib" / "libcudart.so.13").write_bytes(b"")
+    (wheel / "include" / "cccl").mkdir(parents=True)
     gpu = hb.BuildSpec(frameworks=("torch",), gpu=True)
     env, applied = _applied(tmp_path, spec=gpu, nvcc=str(wheel / "bin" / "nvcc"), cuda_home=str(wheel))
     assert "nvcc-from-pip" in applied and env["HOROVOD_CUDA_HOME"] == env["CUDA_HOME"] == str(wheel)
     assert env["NVCC_APPEND_FLAGS"] == f"-L{wheel}/lib" and env["PATH"].startswith(f"{wheel}/bin")
+    assert f"-isystem {wheel}/include/cccl" in env["CXXFLAGS"]
     link = Path(env["CMAKE_LIBRARY_PATH"]) / "libcudart.so"
     assert link.is_symlink() and link.resolve() == (wheel / "lib" / "libcudart.so.13").resolve()
     (wheel / "lib64").mkdir()

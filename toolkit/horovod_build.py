@@ -222,6 +222,10 @@ def _cuda_home(b: Build) -> None:
     b.env["HOROVOD_CUDA_HOME"] = home
     b.env.setdefault("CUDA_HOME", home)         # torch.utils.cpp_extension looks here, then for nvcc on PATH
     b.env["PATH"] = os.pathsep.join(filter(None, (f"{home}/bin", b.env.get("PATH"))))
+    if Path(home, "include", "cccl").is_dir():
+        # CUDA 13 moved its C++ core library (<nv/target>, cub, thrust) to include/cccl; nvcc adds it,
+        # Horovod's C++ sources that include CUDA's headers need it too
+        b.add_cxxflags(f"-isystem {home}/include/cccl")
     lib = Path(home, "lib")
     if not Path(home, "lib64").is_dir() and lib.is_dir():
         # pip's layout (nvidia/cu13/lib): nvcc.profile links from lib64 only, so CMake's compiler
@@ -284,7 +288,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("nvcc-from-pip", "GPU build, CUDA's compiler from a pip wheel: `Could not find nvcc. Make sure it "
                "is added to your path or in $HOROVOD_CUDA_HOME/bin.`, then CMake's CUDA compiler check: "
                "`ld: cannot find -lcudadevrt` (the wheels put CUDA's libraries in lib/, nvcc links from lib64/), "
-               "then `Could NOT find CUDAToolkit (missing: CUDA_CUDART)` (libcudart.so.13, no libcudart.so)",
+               "then `Could NOT find CUDAToolkit (missing: CUDA_CUDART)` (libcudart.so.13, no libcudart.so), "
+               "then CUDA 13's `cuda_fp16.h: fatal error: nv/target: No such file or directory` (include/cccl)",
                lambda b: b.spec.gpu and b.toolchain.cuda_home is not None and "HOROVOD_CUDA_HOME" not in b.env,
                _cuda_home, "GPU build (HOROVOD_CUDA_HOME, and CUDA_HOME for torch's extension builder, from the "
                "nvcc found, wheel or system)"),

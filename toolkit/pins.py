@@ -43,10 +43,11 @@ TOOLS = {
 # distributions at the same version. torch keeps its name: its CUDA wheel comes from the index the
 # image names (TORCH_INDEX_URL); MXNet stays the CPU wheel (its CUDA wheels stop at CUDA 11.7).
 GPU_REPLACES = {"tensorflow-cpu": "tensorflow"}
-# ... and adds CUDA's compiler as pip wheels (nvcc, its front end nvvm, crt headers, the runtime), the
+# ... and adds CUDA's compiler as pip wheels (nvcc, its front end nvvm, crt headers, the runtime; cccl: the
+# C++ core library CUDA 13's own headers include, e.g. <nv/target>), the
 # CUDA 13.0 of torch's own wheels (torch 2.14.1 requires cuda-toolkit==13.0.3): Horovod's NCCL build
 # needs no CUDA base image, and no GPU.
-GPU_ADDS = {"cuda-toolkit[nvcc]": "13.0.3"}
+GPU_ADDS = {"cuda-toolkit[nvcc,cccl]": "13.0.3"}
 
 # Debian packages: Open MPI (mpirun, mpicxx) for Horovod's MPI controller and mpi4py.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
