@@ -131,7 +131,9 @@ def test_sigterm_stops_every_rank_after_its_step_rank_0_checkpoints_and_resume_i
         (rank_process(str(ckpt), 1) if target == "rank 1" else psutil.Process(job.pid)).send_signal(signal.SIGTERM)
         out, err = job.communicate(timeout=90)
     finally:
-        if job.poll() is None:
+        if job.poll() is None:     # toolkit launch starts horovodrun in a session of its own: kill the tree
+            for child in psutil.Process(job.pid).children(recursive=True):
+                child.kill()
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 75, err
@@ -142,6 +144,7 @@ def test_sigterm_stops_every_rank_after_its_step_rank_0_checkpoints_and_resume_i
     assert {int(s) for _, s, _ in stops} == {meta["step"]} and {w for _, _, w in stops} == {str(path)}
     assert "toolkit: error" not in err and "Traceback" not in err, err
     assert 22 < meta["step"] < 88, "stopped before the end, after the first epoch"
+    assert meta["step"] % 10 == 0, "the ranks check every preemption_check_every (10) steps"
     resumed = train_job("gloo", args + ["--resume", "--checkpoint-dir", ckpt])
     assert resumed["resumed_from"] == meta["step"] and resumed["steps"] == 88
     if target == "rank 1":

@@ -66,7 +66,8 @@ def _write_config(config: Config) -> None:
 
 
 def _preempted(config: Config, session, state, epoch: int) -> None:
-    """SIGTERM reached a rank: every rank has finished this step; rank 0 checkpoints mid-epoch (the
+    """SIGTERM reached a rank: every rank has finished this step (the first check, every
+    preemption_check_every steps, after the signal); rank 0 checkpoints mid-epoch (the
     loaders' positions are in it, so --resume continues at the next batch); every rank exits 75."""
     if config.checkpoint_dir:
         session.save(epoch=epoch, train_loss=None)
@@ -151,7 +152,8 @@ def run(config: Config) -> dict:
                     bar.update(1)
                 if config.elastic and state.step % config.elastic_commit_every == 0:
                     state.commit()
-                elif not config.elastic and not fractions and session.should_stop():
+                elif not config.elastic and not fractions and state.step % config.preemption_check_every == 0 \
+                        and session.should_stop():
                     if bar:
                         bar.close()
                     _preempted(config, session, state, epoch)
