@@ -410,21 +410,28 @@ class Session(abc.ABC):
                                "has stepped")
         self.sync_buffers()
         comm_state = self.communication.gather_state()       # a collective: every rank takes part
-        path, error = None, None
+        meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
+        return self.on_main(lambda: checkpoint.save(directory, self.global_step, meta,
+                                                    lambda folder: (self._save_objects(folder),
+                                                                    self.communication.write(folder, comm_state)),
+                                                    keep=self.config.keep_checkpoints),
+                            name="toolkit.checkpoint_error")
+
+    def on_main(self, action, name: str):
+        """`action()` on rank 0 alone; its one-line ToolkitError (a folder it cannot write) stops every
+        rank with that line. Returns its result on rank 0, None elsewhere. A collective, except under
+        elastic training (rank 0 raises alone; Horovod elastic stops the others)."""
+        result, error = None, None
         if self.is_main:
-            meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
             try:
-                path = checkpoint.save(directory, self.global_step, meta,
-                                       lambda folder: (self._save_objects(folder),
-                                                       self.communication.write(folder, comm_state)),
-                                       keep=self.config.keep_checkpoints)
-            except ToolkitError as e:      # a folder that cannot take it: every rank stops with its line
+                result = action()
+            except ToolkitError as e:
                 error = str(e)
         if self.size > 1 and not self.config.elastic:
-            error = self.broadcast_object(error, name="toolkit.checkpoint_error")
+            error = self.broadcast_object(error, name=name)
         if error:
             raise ToolkitError(error)
-        return path
+        return result
 
     def load(self, directory: str | None = None, collective: bool = True) -> dict:
         """The newest checkpoint in `directory` (default: checkpoint_dir): rank 0 verifies and loads

@@ -85,6 +85,14 @@ class BuildSpec:
     extra_env: tuple[str, ...] = ()   # KEY=VALUE passed to the build as they are
     cuda_arch: str | None = None      # "80,90": compute capabilities (default: the GPUs present, else a list)
 
+    @property
+    def operations(self) -> str:
+        return "nccl" if self.gpu else "cpu"
+
+    @property
+    def controllers(self) -> list[str]:
+        return [c for c, on in (("mpi", self.mpi), ("gloo", self.gloo)) if on]
+
     def __post_init__(self):
         unknown = sorted(set(self.frameworks) - set(ALL_FRAMEWORKS))
         if unknown:
@@ -126,8 +134,8 @@ def cache_key(spec: BuildSpec, versions: dict[str, str]) -> str:
     """Readable and unique: Horovod, Python, every framework version, the operations, extra flags."""
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     fws = "-".join(versions[f].replace("==", "") for f in sorted(versions))
-    ops = "nccl" if spec.gpu else "cpu"
-    ctl = "+".join(c for c, on in (("mpi", spec.mpi), ("gloo", spec.gloo)) if on)
+    ops = spec.operations
+    ctl = "+".join(spec.controllers)
     extra = hashlib.sha256("\n".join(spec.extra_env).encode()).hexdigest()[:8] if spec.extra_env else ""
     return "_".join(p for p in (f"horovod{pins.HOROVOD}", py, fws, ops, ctl, extra) if p)
 

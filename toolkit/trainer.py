@@ -89,16 +89,7 @@ def run(config: Config) -> dict:
                         for d in per])
     train_loader, eval_loader = loaders(config, session, data)
     meta = _resume(session, config)
-    error = None
-    if session.is_main:
-        try:
-            _write_config(config)
-        except ToolkitError as e:
-            error = str(e)
-    if session.size > 1 and not config.elastic:     # a folder rank 0 cannot write stops every rank, in one line
-        error = session.broadcast_object(error, name="toolkit.config_written")
-    if error:
-        raise ToolkitError(error)
+    session.on_main(lambda: _write_config(config), name="toolkit.config_written")   # one line on every rank
     delays, fractions = config.straggler_delays(), config.data_fractions()
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     epoch = int(meta.get("epoch", 0))      # a checkpoint of the loader mid-epoch resumes there (user loops)

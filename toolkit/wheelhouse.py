@@ -46,8 +46,8 @@ def manifest(spec, versions: dict[str, str], key: str, wheel: Path, toolchain=No
         "python": f"{sys.version_info.major}.{sys.version_info.minor}", "platform": sysconfig.get_platform(),
         "glibc": platform.libc_ver()[1] or None,
         "frameworks": {fw: versions[fw] for fw in sorted(versions)},
-        "operations": "nccl" if spec.gpu else "cpu",
-        "controllers": [c for c, on in (("mpi", spec.mpi), ("gloo", spec.gloo)) if on],
+        "operations": spec.operations,
+        "controllers": spec.controllers,
         "mpi": mpi_version() if spec.mpi else None,
         "nccl": None if nccl is None else {"source": nccl.source, "version": nccl.version},
         "toolchain": toolchain.describe() if toolchain is not None else "not recorded",
@@ -111,13 +111,11 @@ def differences(data: dict, key: str, versions: dict[str, str], spec) -> list[st
     for fw in sorted(set(theirs) & set(versions)):
         if theirs[fw] != versions[fw]:
             out.append(f"{theirs[fw]} (this environment has {versions[fw]})")
-    ops = "nccl" if spec.gpu else "cpu"
-    if data.get("operations") != ops:
+    if data.get("operations") != spec.operations:
         out.append(f"{'NCCL (GPU)' if data.get('operations') == 'nccl' else 'CPU'} operations "
                    f"(this asks for {'NCCL: --gpu' if spec.gpu else 'CPU'})")
-    controllers = [c for c, on in (("mpi", spec.mpi), ("gloo", spec.gloo)) if on]
-    if data.get("controllers") != controllers:
-        out.append(f"controllers {'+'.join(data.get('controllers', []))} (this asks for {'+'.join(controllers)})")
+    if data.get("controllers") != spec.controllers:
+        out.append(f"controllers {'+'.join(data.get('controllers', []))} (this asks for {'+'.join(spec.controllers)})")
     if not out and data.get("key") != key:
         out.append(f"build options ({data.get('key')} vs {key})")
     return out
