@@ -55,3 +55,12 @@ def test_bench_measures_one_and_two_workers(tmp_path):
     assert report["config"]["accumulation_steps"] == 2
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| 1 | " in proc.stdout and "| 2 | " in proc.stdout and "efficiency" in proc.stdout
+    # toolkit plan on this bench: its bytes per step are what the 2-worker job sent (fp16: 2 bytes a value)
+    plan = toolkit("plan", "--bench", str(tmp_path), "--gpus", "2,4", "--gpus-per-node", "2", "--methods",
+                   "none,fp16,int8", "--out", str(tmp_path / "plan"), "--compression", "fp16", timeout=120)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    predicted = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert predicted["rows"]["fp16"][0]["bytes_per_step"] == rows[1]["bytes_sent_per_step"]
+    assert predicted["rows"]["none"][0]["bytes_per_step"] == 2 * rows[1]["bytes_sent_per_step"]
+    assert [c["n"] for c in predicted["rows"]["int8"]] == [2, 4] and "recommended: " in plan.stdout
+    assert (tmp_path / "plan" / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

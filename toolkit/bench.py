@@ -86,7 +86,8 @@ def measure(config: Config, options: Options) -> dict | None:
     if session.rank != 0:
         return None
     return {"rates": [r for ranks in per_rank for r in ranks], "path": session.communication.describe(session.path),
-            "device": session.device, "parameters": session.communication.values, **session.communication.summary()}
+            "device": session.device, "parameters": session.communication.values,
+            "shapes": [list(w.shape) for w in session.weights()], **session.communication.summary()}
 
 
 # -- in the parent -------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
         measured = json.loads(result.read_text())
         rows.append({**summarize(measured), "np": n, "path": measured["path"], "device": measured["device"],
                      "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"],
-                     "compression_ms_per_step": measured["compression_ms_per_step"]})
+                     "compression_ms_per_step": measured["compression_ms_per_step"], "shapes": measured["shapes"]})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps
     title = (f"{config.framework} {rows[0]['path']}, {model_words(config, options)} "

@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, setup, train
+from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, plan, setup, train
 from toolkit.errors import ToolkitError, print_error
 
-COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench)
+COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan)
 
 
 EXAMPLES = """\
@@ -19,6 +19,7 @@ examples:
   toolkit launch -np 2 --dry-run -- python examples/train.py --config examples/cfg.yaml
   toolkit config show --config examples/cfg.yaml       # every key, resolved
   toolkit bench --np 1,2 --framework torch             # samples/s per worker and scaling efficiency
+  toolkit plan --bench runs/bench --gpus 8,64,512 --inter-node 25gbit   # predicted scaling per method
 
 `toolkit COMMAND --help` lists each command's flags; every config key is also a flag of train,
 bench and config show (accumulation_steps -> --accumulation-steps) and a TOOLKIT_<KEY> variable."""

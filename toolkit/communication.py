@@ -44,24 +44,12 @@ class Communication:
         self.clip_grad_norm, self.nan_guard = config.clip_grad_norm, config.nan_guard
         self.ops = arrays.of(session)
         self.dgc = config.dgc
-        self.exchange = self._make_exchange(config) if self.toolkit else None
-        self.horovod_value_bytes = 2 if config.compression is Compression.FP16 else 4
+        self.exchange = make_exchange(config, self.ops) if self.toolkit else None
+        self.horovod_value_bytes = horovod_value_bytes(config)
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.steps = 0              # optimizer steps since this process started
         self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
-
-    def _make_exchange(self, config: Config) -> GradientExchange:
-        average, ef = config.op is not Op.SUM, bool(config.error_feedback)
-        if config.compression is Compression.POWERSGD:
-            return PowerSGDExchange(make("none", ops=self.ops), ef, average, rank=config.powersgd_rank,
-                                    warmup_steps=config.powersgd_warmup_steps)
-        compressor = make(config.compression.value, config.topk_ratio, self.ops)
-        if config.dgc:
-            return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
-                               target_ratio=config.topk_ratio, warmup_epochs=config.dgc_warmup_epochs,
-                               masking=config.dgc_masking)
-        return GradientExchange(compressor, ef, average)
 
     # -- the trainer's calls -------------------------------------------------------------------
     def step(self, batches, step: int) -> float:
@@ -206,3 +194,22 @@ class Communication:
                                   for name in state if name != "since_average" and state[name].ndim == 2})
         self.since_average = int(state["since_average"])
         return None
+
+
+def horovod_value_bytes(config: Config) -> int:
+    """Bytes a gradient value takes on Horovod's own path: 2 with its fp16 compression, else 4."""
+    return 2 if config.compression is Compression.FP16 else 4
+
+
+def make_exchange(config: Config, ops) -> GradientExchange:
+    """The toolkit's exchange for the config's compression (bf16, int8, topk, powersgd; DGC), in `ops`."""
+    average, ef = config.op is not Op.SUM, bool(config.error_feedback)
+    if config.compression is Compression.POWERSGD:
+        return PowerSGDExchange(make("none", ops=ops), ef, average, rank=config.powersgd_rank,
+                                warmup_steps=config.powersgd_warmup_steps)
+    compressor = make(config.compression.value, config.topk_ratio, ops)
+    if config.dgc:
+        return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
+                           target_ratio=config.topk_ratio, warmup_epochs=config.dgc_warmup_epochs,
+                           masking=config.dgc_masking)
+    return GradientExchange(compressor, ef, average)

@@ -1,0 +1,232 @@
+"""Calibrate `toolkit plan`'s cost model on this machine and check its step predictions (docs/SCALING.md).
+
+    .venv/bin/python examples/scaling_calibrate.py --write-docs        # root (namespace hosts); ~30 min
+
+1. **Collectives.** Horovod allreduce and allgather of float32 torch tensors, 1 KB to 256 MB, timed
+   on every rank (each round starts after a barrier; a round's time is its slowest rank's; the median
+   of the rounds): over Gloo and over MPI on loopback, and between the two namespace hosts of
+   tests/netns_hosts.sh at 2, 3 and 4 ranks (hostA:1,hostB:1; hostA:2,hostB:1; hostA:2,hostB:2) with
+   their veth link unshaped and shaped by `tc tbf` to each rate of --rates (sizes that would take
+   longer than about 3 s on the link are left out). toolkit.scaling.fit gives alpha and bandwidth per
+   link: runs/scaling/calibration-<link>.json, the `--calibration` file of `toolkit plan`.
+2. **Steps.** `toolkit bench` of an MLP (3 x 1024, 3.2M parameters, batch 64) at 2, 3 and 4 ranks
+   across the namespace hosts at each --check-rates rate, for none / fp16 / topk / powersgd, against
+   the model's prediction from the calibrated links (the link's as inter-node, Gloo loopback's as
+   intra-node) and the compute each rank has while N ranks share this machine's cores: measured by
+   the same bench under local SGD with one model average in a million steps (no communication), and
+   the compression work the 1-worker bench measured.
+
+`--worker FILE` is the timing run on each rank (launched by the script itself).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from toolkit import scaling  # noqa: E402
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+SCRIPT = ROOT / "tests" / "netns_hosts.sh"
+SIZES = [2 ** k for k in (10, 14, 18, 22, 26, 28)]          # 1 KiB .. 256 MiB
+PLACEMENT = {2: "hostA:1,hostB:1", 3: "hostA:2,hostB:1", 4: "hostA:2,hostB:2"}
+MODEL = ["--framework", "torch", "--hidden-size", "1024", "--hidden-layers", "3", "--features", "1024",
+         "--batch-size", "64"]
+METHODS = [("none", []), ("fp16", ["--compression", "fp16"]), ("topk 0.01", ["--compression", "topk"]),
+           ("powersgd rank 1", ["--compression", "powersgd"])]
+
+
+# -- on every rank ---------------------------------------------------------------------------------
+
+def worker(out: str, sizes: list[int], rounds: int) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+    samples = []
+    for kind in ("allreduce", "allgather"):
+        for size in sizes:
+            x = torch.ones(size // 4)
+            times = []
+            for i in range(1 + rounds):
+                hvd.barrier()
+                t0 = time.perf_counter()
+                if kind == "allreduce":
+                    hvd.allreduce(x, op=hvd.Sum, name=f"{kind}.{size}")
+                else:
+                    hvd.allgather(x, name=f"{kind}.{size}")
+                slowest = max(hvd.allgather_object(time.perf_counter() - t0, name=f"t.{kind}.{size}.{i}"))
+                if i:
+                    times.append(slowest)
+            samples.append({"kind": kind, "n": hvd.size(), "nbytes": size, "seconds": statistics.median(times)})
+    if hvd.rank() == 0:
+        Path(out).write_text(json.dumps(samples) + "\n")
+
+
+# -- in the parent ---------------------------------------------------------------------------------
+
+def launched(argv: list[str], netns: Path | None, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if netns:
+        argv = ["bash", str(SCRIPT), "exec", str(netns), "hostA", *argv]
+        env["PATH"] = f"{netns}/bin{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def time_collectives(n: int, controller: str, netns: Path | None, max_bytes: float, rounds: int, a) -> list[dict]:
+    sizes = [s for s in SIZES if s <= max_bytes]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "samples.json"
+        where = ["-H", PLACEMENT[n], "--network-interface", "tk0"] if netns else ["--network-interface", "lo"]
+        launched([PY, "-m", "toolkit", "launch", "-np", str(n), f"--{controller}", *where, "--timeout",
+                  str(a.timeout), "--", PY, str(Path(__file__).resolve()), "--worker", str(out),
+                  "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds)], netns, a.timeout + 60)
+        return json.loads(out.read_text())
+
+
+def fit_link(name: str, samples: list[dict], out: Path) -> dict:
+    objs = [scaling.Sample(**s) for s in samples]
+    link = scaling.fit(objs)
+    result = {"link": name, "inter": {"alpha": link.alpha, "bandwidth": link.bandwidth},
+              "fit_error": scaling.fit_error(link, objs), "samples": samples,
+              "measured": date.today().isoformat()}
+    (out / f"calibration-{name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{name:24s} alpha {scaling.format_duration(link.alpha):>9s}  bandwidth "
+          f"{scaling.format_bandwidth(link.bandwidth):>12s}  median error {100 * result['fit_error']:.1f}%",
+          flush=True)
+    return result
+
+
+def bench_row(n: int, flags: list[str], netns: Path | None, a) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        where = ["-H", PLACEMENT[n], "--network-interface", "tk0"] if netns and n > 1 else []
+        launched([PY, "-m", "toolkit", "bench", "--np", str(n), "--gloo", *where, *MODEL, "--warmup", "3",
+                  "--iters", str(a.iters), "--steps-per-iter", "3", "--out", tmp, "--quiet", *flags,
+                  "--env", "OMP_NUM_THREADS=1"], netns if n > 1 else None, a.timeout + 60)
+        row = json.loads((Path(tmp) / "bench.json").read_text())["rows"][0]
+        return {**row, "step_s": 64 / row["per_worker"]}
+
+
+def predict(n: int, label: str, compute_s: float, one: dict, link: scaling.Link, intra: scaling.Link) -> float:
+    from toolkit import plan
+    from toolkit.config import Config
+
+    cfg = Config()
+    name = label.split()[0]
+    compression = one["compression_ms_per_step"] / 1000 if name in plan.EXCHANGES else None
+    method = plan.methods(cfg, [name], one["shapes"], compression_s=compression)[0]
+    values = [math.prod(s) for s in one["shapes"]]
+    work = scaling.Workload(compute_s=compute_s, tensor_values=tuple(reversed(values)))
+    return scaling.step_time(work, method, scaling.Cluster(2, link, intra), n).step_s
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per collective and size (default 5)")
+    p.add_argument("--rates", default="none,10gbit,1gbit,100mbit", help="link rates to calibrate (tc's units)")
+    p.add_argument("--check-rates", default="1gbit,100mbit", help="link rates of the step check")
+    p.add_argument("--iters", type=int, default=3, help="bench iterations of the step check (default 3)")
+    p.add_argument("--out", default=str(ROOT / "runs" / "scaling"), help="calibration files (default runs/scaling)")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--write-docs", action="store_true", help="put the tables into docs/SCALING.md")
+    a = p.parse_args()
+    if a.worker:
+        worker(a.worker, [int(s) for s in a.sizes.split(",")], a.rounds)
+        return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    fits = {}
+    for controller in ("gloo", "mpi"):
+        fits[f"{controller} loopback"] = fit_link(f"{controller} loopback",
+                                                  time_collectives(2, controller, None, 1e12, a.rounds, a), out)
+    rates = [r for r in a.rates.split(",") if r]
+    checks = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = Path(tmp) / "hosts"
+        subprocess.run(["bash", str(SCRIPT), "up", str(hosts)], check=True, capture_output=True, timeout=300)
+        try:
+            for rate in rates:
+                subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
+                cap = 1e12 if rate == "none" else 3 * scaling.parse_bandwidth(rate, "--rates") / 1.5
+                samples = [s for n in (2, 3, 4) for s in time_collectives(n, "gloo", hosts, cap, a.rounds, a)]
+                fits[f"veth {rate}"] = fit_link(f"veth {rate}", samples, out)
+            subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), "none"], check=True, timeout=60)
+            one = bench_row(1, [], None, a)
+            print(f"1 worker: {1000 * one['step_s']:.1f} ms a step", flush=True)
+            ones = {label: bench_row(1, flags, None, a) for label, flags in METHODS}
+            compute = {n: bench_row(n, ["--sync", "local_sgd", "--local-steps", "1000000"], hosts, a)["step_s"]
+                       for n in (2, 3, 4)}
+            print("compute with N ranks on this machine:", {n: f"{1000 * s:.1f} ms" for n, s in compute.items()})
+            intra = scaling.Link(**fits["gloo loopback"]["inter"])
+            for rate in [r for r in a.check_rates.split(",") if r]:
+                subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
+                link = scaling.Link(**fits[f"veth {rate}"]["inter"])
+                for label, flags in METHODS:
+                    for n in (2, 3, 4):
+                        measured = bench_row(n, flags, hosts, a)["step_s"]
+                        predicted = predict(n, label, compute[n], ones[label], link, intra)
+                        checks[(rate, label, n)] = (predicted, measured)
+                        print(f"{rate:8s} {label:16s} N={n}: predicted {1000 * predicted:8.1f} ms, measured "
+                              f"{1000 * measured:8.1f} ms ({100 * (predicted / measured - 1):+.0f}%)", flush=True)
+        finally:
+            subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
+    text = report(fits, checks, compute, one, a, time.time() - started)
+    print(text)
+    if a.write_docs:
+        write_docs(text)
+    return 0
+
+
+def report(fits: dict, checks: dict, compute: dict, one: dict, a, seconds: float) -> str:
+    lines = [f"Measured {date.today().isoformat()} with `.venv/bin/python examples/scaling_calibrate.py --rates "
+             f"{a.rates} --check-rates {a.check_rates} --write-docs` ({seconds / 60:.0f} min; 2 cores, Horovod "
+             f"0.28.1, torch CPU).", "",
+             "| link | ranks | alpha (per message) | bandwidth | median fit error |", "|---|---|---|---|---|"]
+    for name, fit in fits.items():
+        ranks = sorted({s["n"] for s in fit["samples"]})
+        lines.append(f"| {name} | {', '.join(map(str, ranks))} | "
+                     f"{scaling.format_duration(fit['inter']['alpha'])} | "
+                     f"{scaling.format_bandwidth(fit['inter']['bandwidth'])} | {100 * fit['fit_error']:.1f}% |")
+    lines += ["", f"Steps: MLP 3 x 1024 (3.2M parameters), batch 64 a rank; one worker "
+                  f"{1000 * one['step_s']:.1f} ms; compute with N ranks sharing the 2 cores: "
+              + ", ".join(f"N={n} {1000 * s:.1f} ms" for n, s in compute.items()) + ".", "",
+              "| link | method | ranks | predicted ms | measured ms | error |", "|---|---|---|---|---|---|"]
+    errors = []
+    for (rate, label, n), (pred, meas) in checks.items():
+        errors.append(abs(pred / meas - 1))
+        lines.append(f"| {rate} | {label} | {n} | {1000 * pred:.1f} | {1000 * meas:.1f} | "
+                     f"{100 * (pred / meas - 1):+.0f}% |")
+    if errors:
+        lines += ["", f"Within 15%: {sum(e <= 0.15 for e in errors)} of {len(errors)}; median error "
+                      f"{100 * statistics.median(errors):.0f}%, largest {100 * max(errors):.0f}%."]
+    return "\n".join(lines)
+
+
+def write_docs(text: str) -> None:
+    doc = ROOT / "docs" / "SCALING.md"
+    begin, end = "<!-- calibration: begin -->", "<!-- calibration: end -->"
+    current = doc.read_text()
+    head, rest = current.split(begin, 1)
+    doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    print(f"wrote {doc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""`toolkit plan`: how a config's model will scale on a cluster, for each communication method.
+
+Inputs: one worker's step (compute time and gradient shapes) from `toolkit bench` at one worker (a
+bench.json, or the plan runs the bench itself), or a step time given; the cluster as flags or as a
+calibration file (examples/scaling_calibrate.py). Each method's bytes come from the code that counts
+`bytes_sent_per_step` in training: Horovod's path counts 4 bytes a value (2 with fp16,
+toolkit/communication.py), and the toolkit's exchanges (bf16, int8, topk, powersgd) are run once
+here on gradients of the model's shapes, through a recorder in place of the collectives, which
+notes each collective and its bytes (`record`); the same run times their compression work on this
+machine's CPU (numpy), unless `--compression-ms` gives it. toolkit/scaling.py prices it all.
+Output: a table (efficiency and samples/s per method and GPU count), plan.json, plan.png and the
+method recommended, with its reason.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit import scaling
+from toolkit.config import Config
+from toolkit.errors import ToolkitError
+
+# Horovod's path, then the toolkit's exchanges, then local SGD: the first is the baseline.
+METHODS = ("none", "fp16", "hierarchical", "adasum", "no_fusion", "bf16", "int8", "topk", "powersgd", "local_sgd")
+EXCHANGES = ("bf16", "int8", "topk", "powersgd")
+_COMMUNICATION_KEYS = ("compression", "topk_ratio", "powersgd_rank", "powersgd_warmup_steps", "dgc",
+                       "dgc_warmup_epochs", "dgc_masking", "error_feedback", "sync", "local_steps",
+                       "sync_warmup_steps", "op")
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [m.strip() for m in str(text).split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise ToolkitError(f"--methods {text!r}: unknown method {', '.join(unknown) or '(none given)'}; "
+                           f"choose from {', '.join(METHODS)}")
+    return [m for m in METHODS if m in names]
+
+
+@dataclass(frozen=True)
+class OneWorker:
+    """One worker's step: what the plan scales."""
+    step_s: float
+    shapes: list            # the trainable parameters' shapes, in the order of the session's gradients
+    samples_per_step: int   # per worker
+    title: str
+
+
+def from_bench(path: Path) -> OneWorker:
+    """The 1-worker row of a `toolkit bench` result (bench.json or the folder that holds it)."""
+    path = path / "bench.json" if path.is_dir() else path
+    try:
+        result = json.loads(path.read_text())
+        row, config = result["rows"][0], result["config"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise ToolkitError(f"--bench {path}: not a toolkit bench result ({e}); make one with "
+                           f"toolkit bench --np 1 --out DIR") from None
+    if row["workers"] != 1:
+        raise ToolkitError(f"--bench {path}: its smallest world size is {row['workers']}, the plan needs one "
+                           f"worker's step: toolkit bench --np 1")
+    if not row.get("shapes"):
+        raise ToolkitError(f"--bench {path}: it has no gradient shapes (written by an older toolkit); "
+                           f"run toolkit bench --np 1 again")
+    samples = int(config["batch_size"]) * int(config.get("accumulation_steps", 1))
+    return OneWorker(step_s=samples / row["per_worker"], shapes=[tuple(s) for s in row["shapes"]],
+                     samples_per_step=samples, title=result["title"])
+
+
+# -- each method's collectives, recorded from the toolkit's own exchange ---------------------------
+
+class Recorder:
+    """Stands in for the session's collectives (adapters/base.py): notes each one and its bytes, and
+    returns what `world` identical ranks would (allreduce: the input; allgather: `world` copies)."""
+
+    def __init__(self, ops, world: int):
+        self.ops, self.world, self.calls = ops, world, []
+
+    def allreduce(self, buf, average: bool = True):
+        self.calls.append(("allreduce", int(buf.nbytes)))
+        return buf
+
+    def allgather(self, buf):
+        self.calls.append(("allgather", int(buf.nbytes)))
+        return self.ops.cat([buf] * self.world)
+
+
+def exchange_config(config: Config, name: str) -> Config:
+    """The config with its communication replaced by method `name` (its own settings kept when it is that one)."""
+    values = {k: v for k, v in config.to_dict().items() if k not in _COMMUNICATION_KEYS}
+    own = config.compression.value == name
+    values["compression"] = name
+    if name == "topk":
+        values["topk_ratio"] = config.topk_ratio if own else None
+    if name == "powersgd":
+        values["powersgd_rank"] = config.powersgd_rank if own else None
+    return Config.from_dict(values)
+
+
+def record(config: Config, name: str, shapes: list, compression_s: float | None, rounds: int = 3) -> scaling.Method:
+    """Method `name` of the toolkit's exchange on random gradients of `shapes`: its collectives (as one
+    rank of two sends them) and, unless given, its compression work timed here (median of `rounds`):
+    compress once plus one decode-and-add per rank."""
+    import numpy as np
+
+    from toolkit import arrays
+    from toolkit.communication import make_exchange
+
+    cfg = exchange_config(config, name)
+    ops = arrays.numpy_ops()
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    seconds = {}
+    for world in (1, 2):
+        exchange, times = make_exchange(cfg, ops), []
+        for i in range(1 + (rounds if compression_s is None else 0)):
+            recorder = Recorder(ops, world)
+            before = exchange.timer.seconds
+            exchange.exchange([g.copy() for g in grads], recorder, world)
+            if i:
+                times.append(exchange.timer.seconds - before)
+        seconds[world] = statistics.median(times) if times else 0.0
+        calls = recorder.calls
+    assert sum(b for _, b in calls) == exchange.last_bytes      # what bytes_sent_per_step counts
+    if compression_s is None:
+        decode = max(seconds[2] - seconds[1], 0.0)
+        compress = max(seconds[1] - decode, 0.0)
+    else:
+        compress, decode = compression_s, 0.0
+    label = (f"topk {cfg.topk_ratio:g}" if name == "topk" else
+             f"powersgd rank {cfg.powersgd_rank}" if name == "powersgd" else name)
+    return scaling.Method(label, "exchange", collectives=tuple(calls), compress_s=compress,
+                          decode_s=decode if name != "powersgd" else 0.0, lossless=False)
+
+
+def methods(config: Config, names: list[str], shapes: list, compression_s: float | None) -> list[scaling.Method]:
+    fusion = None if config.fusion_threshold_mb is None else config.fusion_threshold_mb * 1024 * 1024
+    cycle = None if config.cycle_time_ms is None else config.cycle_time_ms / 1000
+    horovod = {
+        "none": scaling.Method("none", "horovod"),
+        "fp16": scaling.Method("fp16", "horovod", value_bytes=2, lossless=False),
+        "hierarchical": scaling.Method("hierarchical", "horovod", reduce="hierarchical"),
+        "adasum": scaling.Method("adasum", "horovod", reduce="adasum", lossless=False),
+        "no_fusion": scaling.Method("no_fusion", "horovod", fusion_bytes=0),
+    }
+    out = []
+    for name in names:
+        if name in horovod:
+            method = horovod[name]
+            out.append(scaling.with_fusion(method, None if name == "no_fusion" else fusion, cycle))
+        elif name == "local_sgd":
+            k = config.local_steps or 4
+            out.append(scaling.Method(f"local_sgd k={k}", "local_sgd", local_steps=k, lossless=False))
+        else:
+            out.append(record(config, name, shapes, compression_s))
+    return out
+
+
+def state_values(config: Config, values: int) -> int:
+    """What local SGD averages: the parameters and the optimizer's slots (momentum: 1; adam: 2)."""
+    slots = 2 if config.optimizer.value == "adam" else (1 if config.optimizer_momentum else 0)
+    return values * (1 + slots)
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+def table(plan: scaling.Plan, samples_per_step: int) -> str:
+    head = "| method | bytes/step/GPU | " + " | ".join(f"{n} GPUs: eff., samples/s" for n in plan.gpus) + " |"
+    lines = [head, "|" + "---|" * (2 + len(plan.gpus))]
+    for m in plan.methods:
+        cells = [f"{100 * c.efficiency:.1f}%, {c.n * samples_per_step / c.step_s:,.0f}" for c in plan.rows[m.name]]
+        lines.append(f"| {m.name} | {m.bytes_per_step(plan.workload):,.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(plan: scaling.Plan, samples_per_step: int, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")      # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for m in plan.methods:
+        rows = plan.rows[m.name]
+        style = "-" if m.lossless else "--"
+        left.plot(plan.gpus, [100 * c.efficiency for c in rows], style, marker="o", label=m.name)
+        right.plot(plan.gpus, [c.n * samples_per_step / c.step_s for c in rows], style, marker="o", label=m.name)
+    right.plot(plan.gpus, [n * samples_per_step / plan.workload.compute_s for n in plan.gpus], ":", color="grey",
+               label="linear")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(plan.gpus, [str(n) for n in plan.gpus])
+    left.set(xlabel="GPUs", ylabel="% of linear", title="scaling efficiency", ylim=(0, 105))
+    right.set(xlabel="GPUs", ylabel="samples/s", title="throughput", yscale="log")
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(config: Config, worker: OneWorker, cluster: scaling.Cluster, gpus: list[int], names: list[str],
+        out: Path, straggle: float = 0.0, backward_fraction: float = 2 / 3, compression_s: float | None = None,
+        cluster_words: str = "") -> scaling.Plan:
+    values = [int(_prod(s)) for s in worker.shapes]
+    workload = scaling.Workload(compute_s=worker.step_s, tensor_values=tuple(reversed(values)),
+                                backward_fraction=backward_fraction, straggle=straggle,
+                                state_values=state_values(config, sum(values)))
+    t0 = time.perf_counter()
+    plan = scaling.Plan(workload, cluster, methods(config, names, worker.shapes, compression_s), gpus).run()
+    measured = time.perf_counter() - t0
+    pick, why = plan.recommend()
+    title = (f"{worker.title}: {sum(values) / 1e6:.1f}M parameters, {1000 * worker.step_s:.1f} ms a step at one "
+             f"worker, {worker.samples_per_step} samples; {cluster_words}")
+    print(title)
+    print(table(plan, worker.samples_per_step))
+    if compression_s is None and any(m.kind == "exchange" for m in plan.methods):
+        print(f"(the toolkit's compression work timed here on this CPU with numpy, {measured:.0f} s; "
+              f"--compression-ms gives it for your device)")
+    print(f"recommended: {pick.name}: {why}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps({
+        "title": title, "recommended": pick.name, "reason": why, "gpus": gpus,
+        "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency, bytes_per_step=m.bytes_per_step(workload),
+                               samples_per_s=c.n * worker.samples_per_step / c.step_s) for c in plan.rows[m.name]]
+                 for m in plan.methods}}, indent=1) + "\n")
+    plot(plan, worker.samples_per_step, title, out / "plan.png")
+    print(f"wrote {out / 'plan.json'} and {out / 'plan.png'}")
+    return plan
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

@@ -1,0 +1,385 @@
+"""The cost of one data-parallel training step at N workers: an alpha-beta model, framework-free.
+
+A message of b bytes over a link costs alpha + b / bandwidth (Hockney 1994). The collectives are the
+ring algorithms that NCCL, Gloo and Open MPI use for large messages (Patarasuk & Yuan 2009; Thakur,
+Rabenseifner & Gropp 2005):
+- allreduce of S bytes: 2(N-1) steps of S/N bytes: 2(N-1) alpha + 2(N-1)/N S / bandwidth;
+- allgather of s bytes from each rank: N-1 steps of s bytes: (N-1) alpha + (N-1) s / bandwidth;
+- broadcast of S bytes (a binomial tree): ceil(log2 N) (alpha + S / bandwidth).
+With ranks placed node by node, a ring crosses each node's network link once each way, so a ring
+that spans nodes runs at the inter-node link's cost; within one node, at the intra-node link's.
+Hierarchical allreduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE) reduce-scatters within each node,
+allreduces across the nodes (the node's G shards side by side, S bytes through its link in all) and
+allgathers within the node. Adasum (Maleki et al. 2021; Horovod's on GPUs) reduces within the node,
+then combines across nodes by recursive vector halving and distance doubling: 2 log2(M) alphas.
+
+A step (`step_time`) is one worker's compute (forward, backward, optimizer: measured at one worker)
+plus the part of the communication that does not hide behind the backward pass:
+- Horovod's path (none, fp16, hierarchical, adasum): gradients become ready during the backward
+  pass, last layer first, in proportion to their bytes; Horovod's background loop wakes every cycle
+  time, fuses the ready gradients into buffers of up to the fusion threshold and reduces them one
+  after another (`horovod_comm_end`), so only what is still being sent when the backward pass ends
+  adds to the step.
+- The toolkit's exchange (bf16, int8, topk: allgathers; powersgd: two allreduces) runs after the
+  backward pass on all gradients at once, plus its compression work (compress once, decompress
+  and add every rank's payload: N times for the allgathered methods).
+- Local SGD averages the model (parameters and optimizer slots) with one allreduce every k steps.
+Stragglers: each worker's compute varies (coefficient of variation `straggle`); a synchronous step
+waits for the slowest of N, whose expected excess over the mean is about `straggle` times the
+expected maximum of N standard normals (Blom's approximation); local SGD waits once per k steps.
+
+What the model leaves out: congestion between jobs, the loss averaged each step (a few bytes),
+NCCL's tree algorithms for small messages, and the effect of a method on convergence (fewer bytes
+can need more steps: docs/COMMUNICATION.md has the accuracies). docs/SCALING.md checks it against
+measurements here and published results.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, field, replace
+
+from toolkit.errors import ToolkitError
+
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's defaults (horovod/common/operations.cc)
+HOROVOD_CYCLE_S = 1e-3
+
+
+# -- units ----------------------------------------------------------------------------------------
+
+_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str, flag: str) -> float:
+    """'25gbit', '100Mbit/s', '10gbps' (bits) or '300GB/s', '12.5GB' (bytes) -> bytes per second."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B)(?:/s|ps)?\s*", str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ToolkitError(f"{flag} {text!r}: expected a positive bandwidth with its unit, e.g. 25gbit, "
+                           f"100mbit or 300GB/s (bit = bits/s, B = bytes/s)")
+    value = float(m.group(1)) * _PREFIX[m.group(2).lower()]
+    return value if m.group(3) == "B" else value / 8
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """'5us', '0.5ms', '2s', '100ns' -> seconds (0 allowed)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*", str(text))
+    if not m:
+        raise ToolkitError(f"{flag} {text!r}: expected a time with its unit, e.g. 5us, 0.5ms or 2s")
+    return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """'8,64,512' -> [8, 64, 512]: distinct, ascending, each at least 1."""
+    try:
+        counts = sorted({int(item) for item in str(text).split(",") if item.strip()})
+    except ValueError:
+        raise ToolkitError(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. {flag} 8,64,512") \
+            from None
+    if not counts or counts[0] < 1:
+        raise ToolkitError(f"{flag} {text!r}: every count must be at least 1, e.g. {flag} 8,64,512")
+    return counts
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    bits = bytes_per_s * 8
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} bit/s"
+
+
+def format_duration(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+# -- links and collectives --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    alpha: float          # seconds per message (latency and per-message software cost)
+    bandwidth: float      # bytes per second
+
+    def cost(self, messages: float, nbytes: float) -> float:
+        return messages * self.alpha + nbytes / self.bandwidth
+
+
+def ring_allreduce(size: float, n: int, link: Link) -> float:
+    return 0.0 if n <= 1 else link.cost(2 * (n - 1), 2 * (n - 1) / n * size)
+
+
+def ring_allgather(size_per_rank: float, n: int, link: Link) -> float:
+    return 0.0 if n <= 1 else link.cost(n - 1, (n - 1) * size_per_rank)
+
+
+def tree_broadcast(size: float, n: int, link: Link) -> float:
+    return 0.0 if n <= 1 else math.ceil(math.log2(n)) * link.cost(1, size)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpus_per_node: int
+    inter: Link           # between nodes (one link per node)
+    intra: Link           # between the GPUs of one node
+
+    def nodes(self, n: int) -> int:
+        return math.ceil(n / self.gpus_per_node)
+
+    def ring_link(self, n: int) -> Link:
+        return self.inter if self.nodes(n) > 1 else self.intra
+
+    def allreduce(self, size: float, n: int) -> float:
+        return ring_allreduce(size, n, self.ring_link(n))
+
+    def allgather(self, size_per_rank: float, n: int) -> float:
+        return ring_allgather(size_per_rank, n, self.ring_link(n))
+
+    def broadcast(self, size: float, n: int) -> float:
+        return tree_broadcast(size, n, self.ring_link(n))
+
+    def hierarchical_allreduce(self, size: float, n: int) -> float:
+        g, m = min(self.gpus_per_node, n), self.nodes(n)
+        within = 0.0 if g <= 1 else self.intra.cost(g - 1, (g - 1) / g * size)    # reduce-scatter; allgather
+        return 2 * within + ring_allreduce(size, m, self.inter)
+
+    def adasum(self, size: float, n: int) -> float:
+        g, m = min(self.gpus_per_node, n), self.nodes(n)
+        within = 0.0 if g <= 1 else self.intra.cost(g - 1, (g - 1) / g * size)
+        across = 0.0 if m <= 1 else self.inter.cost(2 * math.ceil(math.log2(m)), 2 * (m - 1) / m * size)
+        return 2 * within + across
+
+
+# -- one step ----------------------------------------------------------------------------------------
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals], Blom's approximation (within ~1% for n >= 2); 0 for n = 1."""
+    if n <= 1:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, fusion_bytes: float,
+                     cycle_s: float) -> float:
+    """When the last gradient has been reduced, in seconds from the backward pass's start.
+
+    `tensor_bytes`: each gradient's bytes on the wire, in the order the backward pass produces them,
+    each ready when the pass has done its share (in proportion to bytes). Horovod's loop starts a
+    cycle at least `cycle_s` after the last one began and after its work ended (its phase against the
+    step is arbitrary: the first tick half a cycle into the pass, the mean), fuses the gradients
+    ready by then into buffers of up to `fusion_bytes` (one that is larger goes alone; 0: no fusion)
+    and reduces the buffers one after another, `reduce_cost(bytes)` each."""
+    total = sum(tensor_bytes)
+    if not tensor_bytes or total == 0:
+        return 0.0
+    ready, acc = [], 0.0
+    for b in tensor_bytes:
+        acc += b
+        ready.append(backward_s * acc / total)
+    start, end, i = -cycle_s / 2, 0.0, 0
+    while i < len(tensor_bytes):
+        start = max(start + cycle_s, end)
+        if ready[i] > start:        # nothing ready: sleep whole cycles until something is
+            start += cycle_s * math.ceil((ready[i] - start) / cycle_s) if cycle_s > 0 else ready[i] - start
+        end = start
+        buffer = 0.0
+        while i < len(tensor_bytes) and ready[i] <= start:
+            if buffer and buffer + tensor_bytes[i] > fusion_bytes:
+                end += reduce_cost(buffer)
+                buffer = 0.0
+            buffer += tensor_bytes[i]
+            i += 1
+        end += reduce_cost(buffer)
+    return end
+
+
+@dataclass(frozen=True)
+class Workload:
+    compute_s: float                 # one worker's step without communication
+    tensor_values: tuple             # each gradient's values, in the order the backward pass makes them
+    backward_fraction: float = 2 / 3     # of compute_s (backward costs about twice the forward)
+    straggle: float = 0.0            # coefficient of variation of one worker's compute time
+    state_values: int = 0            # what local SGD averages (parameters + optimizer slots); 0: 2x gradients
+
+    @property
+    def values(self) -> int:
+        return int(sum(self.tensor_values))
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a step's gradients travel. kind: 'horovod' (fused allreduces overlapped with the backward
+    pass; `reduce` is allreduce, hierarchical or adasum), 'exchange' (the toolkit's, after the
+    backward pass: `collectives` of (kind, bytes per rank)), or 'local_sgd' (model average every
+    `local_steps`)."""
+    name: str
+    kind: str
+    value_bytes: float = 4.0
+    reduce: str = "allreduce"
+    fusion_bytes: float = HOROVOD_FUSION_BYTES
+    cycle_s: float = HOROVOD_CYCLE_S
+    collectives: tuple = ()           # ('allgather' | 'allreduce', bytes) for kind 'exchange'
+    compress_s: float = 0.0           # compress once per step (exchange)
+    decode_s: float = 0.0             # decompress and add one rank's payload (allgathered methods)
+    local_steps: int = 1
+    lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
+    note: str = ""
+
+    def bytes_per_step(self, workload: Workload) -> float:
+        """What one worker hands to collectives per step (bytes_sent_per_step's meaning)."""
+        if self.kind == "exchange":
+            return float(sum(b for _, b in self.collectives))
+        if self.kind == "local_sgd":
+            return 4.0 * (workload.state_values or 2 * workload.values) / self.local_steps
+        return self.value_bytes * workload.values
+
+
+@dataclass(frozen=True)
+class StepCost:
+    n: int
+    step_s: float
+    compute_s: float
+    comm_s: float            # communication time in all (hidden or not)
+    exposed_s: float         # what adds to the step: communication not hidden, compression, straggling
+    bytes_per_step: float
+
+    @property
+    def efficiency(self) -> float:
+        return self.compute_s / self.step_s
+
+
+def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> StepCost:
+    compute = workload.compute_s
+    wait = compute * workload.straggle * expected_max_normal(n)
+    if n <= 1:       # Horovod reduces nothing in a 1-worker job; the toolkit's exchange still compresses
+        extra = method.compress_s + method.decode_s if method.kind == "exchange" else 0.0
+        return StepCost(1, compute + extra, compute, 0.0, extra, 0.0)
+    if method.kind == "horovod":
+        reduce_cost = {"allreduce": cluster.allreduce, "hierarchical": cluster.hierarchical_allreduce,
+                       "adasum": cluster.adasum}[method.reduce]
+        sizes = [method.value_bytes * v for v in workload.tensor_values]
+        backward = compute * workload.backward_fraction
+        comm = sum(reduce_cost(s, n) for s in _fused(sizes, method.fusion_bytes))
+        end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes, method.cycle_s)
+        exposed = max(0.0, end - backward) + wait
+    elif method.kind == "exchange":
+        comm = sum(cluster.allgather(b, n) if kind == "allgather" else cluster.allreduce(b, n)
+                   for kind, b in method.collectives)
+        exposed = comm + method.compress_s + n * method.decode_s + wait
+    elif method.kind == "local_sgd":
+        state = 4.0 * (workload.state_values or 2 * workload.values)
+        comm = cluster.allreduce(state, n) / method.local_steps
+        exposed = comm + wait / math.sqrt(method.local_steps)     # k steps' variation, one wait
+    else:
+        raise ValueError(method.kind)
+    return StepCost(n, compute + exposed, compute, comm, exposed, method.bytes_per_step(workload))
+
+
+def _fused(sizes: list[float], fusion: float) -> list[float]:
+    """All gradients in fusion buffers (when all are ready at once): the total communication time."""
+    out, buffer = [], 0.0
+    for s in sizes:
+        if buffer and buffer + s > fusion:
+            out.append(buffer)
+            buffer = 0.0
+        buffer += s
+    return out + ([buffer] if buffer else [])
+
+
+# -- calibration -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured collective: kind ('allreduce' | 'allgather'), ranks, bytes (allgather: per rank), seconds."""
+    kind: str
+    n: int
+    nbytes: float
+    seconds: float
+
+    def terms(self) -> tuple[float, float]:
+        """(messages, bytes through one link) of the ring algorithm: the multipliers of alpha and 1/bandwidth."""
+        if self.kind == "allreduce":
+            return 2 * (self.n - 1), 2 * (self.n - 1) / self.n * self.nbytes
+        if self.kind == "allgather":
+            return self.n - 1, (self.n - 1) * self.nbytes
+        raise ValueError(self.kind)
+
+
+def fit(samples: list[Sample]) -> Link:
+    """alpha and bandwidth that best explain the samples: least squares on relative error (times span
+    orders of magnitude, so each sample counts alike), by the 2x2 normal equations."""
+    rows = [(s.terms(), s.seconds) for s in samples if s.n > 1 and s.seconds > 0]
+    if len(rows) < 2:
+        raise ToolkitError("calibration: need at least two timed collectives at 2 or more ranks")
+    saa = sab = sbb = say = sby = 0.0
+    for (a, b), t in rows:
+        a, b, y = a / t, b / t, 1.0
+        saa, sab, sbb, say, sby = saa + a * a, sab + a * b, sbb + b * b, say + a * y, sby + b * y
+    det = saa * sbb - sab * sab
+    if det <= 0:
+        raise ToolkitError("calibration: the samples cannot separate latency from bandwidth "
+                           "(time more than one message size)")
+    alpha = (say * sbb - sby * sab) / det
+    inverse_bw = (saa * sby - sab * say) / det
+    if inverse_bw <= 0:
+        raise ToolkitError("calibration: the fitted bandwidth is not positive; time larger messages")
+    return Link(alpha=max(alpha, 0.0), bandwidth=1.0 / inverse_bw)
+
+
+def fit_error(link: Link, samples: list[Sample]) -> float:
+    """Median relative error of the fitted link on the samples."""
+    errors = [abs(link.cost(*s.terms()) - s.seconds) / s.seconds for s in samples if s.n > 1 and s.seconds > 0]
+    return statistics.median(errors) if errors else 0.0
+
+
+# -- a plan ----------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    workload: Workload
+    cluster: Cluster
+    methods: list
+    gpus: list
+    rows: dict = field(default_factory=dict)       # method name -> [StepCost per gpus]
+
+    def run(self) -> "Plan":
+        self.rows = {m.name: [step_time(self.workload, m, self.cluster, n) for n in self.gpus] for m in self.methods}
+        return self
+
+    def recommend(self, tolerance: float = 0.05) -> tuple[Method, str]:
+        """The fastest method at the largest N, unless a lossless one is within `tolerance` of it (the
+        lossless one then: it changes nothing about convergence); with the reason in words."""
+        n = self.gpus[-1]
+        speed = {m.name: 1.0 / self.rows[m.name][-1].step_s for m in self.methods}
+        best = max(self.methods, key=lambda m: speed[m.name])
+        lossless = [m for m in self.methods if m.lossless]
+        pick = best
+        if not best.lossless and lossless:
+            safe = max(lossless, key=lambda m: speed[m.name])
+            if speed[safe.name] >= (1 - tolerance) * speed[best.name]:
+                pick = safe
+        cost = self.rows[pick.name][-1]
+        plain = self.rows[self.methods[0].name][-1]
+        why = (f"at {n} GPUs {pick.name} predicts {100 * cost.efficiency:.0f}% scaling efficiency "
+               f"({1000 * cost.step_s:.1f} ms a step, {1000 * cost.exposed_s:.1f} ms of it not hidden behind compute)")
+        if pick is not self.methods[0]:
+            why += f", against {100 * plain.efficiency:.0f}% for {self.methods[0].name}"
+        if pick is not best:
+            why += (f"; {best.name} is faster by {100 * (speed[best.name] / speed[pick.name] - 1):.1f}% but changes "
+                    f"what is summed (lossy), within the {100 * tolerance:.0f}% tolerance")
+        elif not pick.lossless:
+            why += "; it is lossy: check its accuracy on your model (docs/COMMUNICATION.md)"
+        if cost.efficiency > 0.97:
+            why += "; communication is not the bottleneck here"
+        return pick, why
+
+
+def with_fusion(method: Method, fusion_bytes: float | None, cycle_s: float | None) -> Method:
+    changes = {}
+    if fusion_bytes is not None:
+        changes["fusion_bytes"] = fusion_bytes
+    if cycle_s is not None:
+        changes["cycle_s"] = cycle_s
+    return replace(method, **changes) if changes else method
