@@ -54,6 +54,8 @@ def worker(out: str, sizes: list[int], rounds: int) -> None:
 
     hvd.init()
     torch.set_num_threads(1)
+    for i in range(5):                  # the first collectives after init are slower (connections, buffers)
+        hvd.allreduce(torch.ones(1024), name=f"warm.{i}")
     samples = []
     for kind in ("allreduce", "allgather"):
         for size in sizes:
@@ -101,11 +103,12 @@ def time_collectives(n: int, controller: str, netns: Path | None, max_bytes: flo
 def fit_link(name: str, samples: list[dict], out: Path) -> dict:
     objs = [scaling.Sample(**s) for s in samples]
     link = scaling.fit(objs)
-    result = {"link": name, "inter": {"alpha": link.alpha, "bandwidth": link.bandwidth},
+    result = {"link": name, "inter": {"alpha": link.alpha, "bandwidth": link.bandwidth, "overhead": link.overhead},
               "fit_error": scaling.fit_error(link, objs), "samples": samples,
               "measured": date.today().isoformat()}
     (out / f"calibration-{name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{name:24s} alpha {scaling.format_duration(link.alpha):>9s}  bandwidth "
+    print(f"{name:24s} overhead {scaling.format_duration(link.overhead):>9s}  alpha "
+          f"{scaling.format_duration(link.alpha):>9s}  bandwidth "
           f"{scaling.format_bandwidth(link.bandwidth):>12s}  median error {100 * result['fit_error']:.1f}%",
           flush=True)
     return result
@@ -198,10 +201,12 @@ def report(fits: dict, checks: dict, compute: dict, one: dict, a, seconds: float
     lines = [f"Measured {date.today().isoformat()} with `.venv/bin/python examples/scaling_calibrate.py --rates "
              f"{a.rates} --check-rates {a.check_rates} --write-docs` ({seconds / 60:.0f} min; 2 cores, Horovod "
              f"0.28.1, torch CPU).", "",
-             "| link | ranks | alpha (per message) | bandwidth | median fit error |", "|---|---|---|---|---|"]
+             "| link | ranks | overhead (per collective) | alpha (per message) | bandwidth | median fit error |",
+             "|---|---|---|---|---|---|"]
     for name, fit in fits.items():
         ranks = sorted({s["n"] for s in fit["samples"]})
         lines.append(f"| {name} | {', '.join(map(str, ranks))} | "
+                     f"{scaling.format_duration(fit['inter']['overhead'])} | "
                      f"{scaling.format_duration(fit['inter']['alpha'])} | "
                      f"{scaling.format_bandwidth(fit['inter']['bandwidth'])} | {100 * fit['fit_error']:.1f}% |")
     lines += ["", f"Steps: MLP 3 x 1024 (3.2M parameters), batch 64 a rank; one worker "

@@ -49,20 +49,32 @@ def test_hierarchical_against_flat():
     assert cluster.allreduce(tiny, n) - cluster.hierarchical_allreduce(tiny, n) > 380 * 5e-6
 
 
-def test_calibration_fits_synthetic_alpha_and_beta_within_5_percent():
-    rng = random.Random(3)
-    truth = scaling.Link(alpha=40e-6, bandwidth=1.2e9)
+def synthetic(truth, kinds=("allreduce", "allgather"), ranks=(2, 3, 4), noise=0.03, seed=3):
+    rng = random.Random(seed)
     samples = []
-    for kind in ("allreduce", "allgather"):
-        for n in (2, 3, 4):
+    for kind in kinds:
+        for n in ranks:
             for size in (1e3, 16e3, 256e3, 4e6, 64e6):
                 exact = scaling.Sample(kind, n, size, 1.0)
-                t = truth.cost(*exact.terms()) * (1 + rng.uniform(-0.03, 0.03))     # 3% timing noise
-                samples.append(scaling.Sample(kind, n, size, t))
-    link = scaling.fit(samples)
+                samples.append(scaling.Sample(kind, n, size, truth.cost(*exact.terms()) * (1 + rng.uniform(-noise, noise))))
+    return samples
+
+
+def test_calibration_fits_synthetic_alpha_and_beta_within_5_percent():
+    truth = scaling.Link(alpha=40e-6, bandwidth=1.2e9)
+    link = scaling.fit(synthetic(truth))                         # 3% timing noise
     assert link.alpha == pytest.approx(truth.alpha, rel=0.05)
     assert link.bandwidth == pytest.approx(truth.bandwidth, rel=0.05)
-    assert scaling.fit_error(link, samples) < 0.03
+    assert link.overhead < 0.05 * truth.alpha
+    assert scaling.fit_error(link, synthetic(truth)) < 0.03
+    # with Horovod's per-collective overhead as well (1 ms: its cycle and negotiation)
+    truth = scaling.Link(alpha=40e-6, bandwidth=1.2e9, overhead=1e-3)
+    link = scaling.fit(synthetic(truth, noise=0.01))
+    assert (link.alpha, link.bandwidth, link.overhead) == pytest.approx((40e-6, 1.2e9, 1e-3), rel=0.05)
+    # one kind at one N: the overhead cannot be told from alpha, which carries it
+    link = scaling.fit(synthetic(truth, kinds=("allreduce",), ranks=(2,), noise=0))
+    assert link.overhead == 0 and link.alpha == pytest.approx(40e-6 + 1e-3 / 2)
+    assert link.bandwidth == pytest.approx(1.2e9)
     with pytest.raises(scaling.ToolkitError, match="more than one message size"):
         scaling.fit([scaling.Sample("allreduce", 2, 1e6, 1.0), scaling.Sample("allreduce", 2, 1e6, 1.1)])
 

@@ -1,6 +1,8 @@
 """The cost of one data-parallel training step at N workers: an alpha-beta model, framework-free.
 
-A message of b bytes over a link costs alpha + b / bandwidth (Hockney 1994). The collectives are the
+A message of b bytes over a link costs alpha + b / bandwidth (Hockney 1994), and each collective a
+fixed overhead besides (Horovod's negotiation and the wait for its next cycle: about a millisecond
+here, `fit` finds it). The collectives are the
 ring algorithms that NCCL, Gloo and Open MPI use for large messages (Patarasuk & Yuan 2009; Thakur,
 Rabenseifner & Gropp 2005):
 - allreduce of S bytes: 2(N-1) steps of S/N bytes: 2(N-1) alpha + 2(N-1)/N S / bandwidth;
@@ -102,9 +104,11 @@ def format_duration(seconds: float) -> str:
 class Link:
     alpha: float          # seconds per message (latency and per-message software cost)
     bandwidth: float      # bytes per second
+    overhead: float = 0.0     # seconds per collective, whatever its size and N (Horovod's negotiation, its cycle)
 
     def cost(self, messages: float, nbytes: float) -> float:
-        return messages * self.alpha + nbytes / self.bandwidth
+        """One collective of `messages` sequential messages moving `nbytes` through the link."""
+        return self.overhead + messages * self.alpha + nbytes / self.bandwidth
 
 
 def ring_allreduce(size: float, n: int, link: Link) -> float:
@@ -116,7 +120,8 @@ def ring_allgather(size_per_rank: float, n: int, link: Link) -> float:
 
 
 def tree_broadcast(size: float, n: int, link: Link) -> float:
-    return 0.0 if n <= 1 else math.ceil(math.log2(n)) * link.cost(1, size)
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    return 0.0 if n <= 1 else link.cost(rounds, rounds * size)
 
 
 @dataclass(frozen=True)
@@ -308,24 +313,38 @@ class Sample:
 
 
 def fit(samples: list[Sample]) -> Link:
-    """alpha and bandwidth that best explain the samples: least squares on relative error (times span
-    orders of magnitude, so each sample counts alike), by the 2x2 normal equations."""
+    """The link that best explains the samples: alpha, bandwidth and the per-collective overhead, by
+    least squares on relative error (times span orders of magnitude, so each sample counts alike).
+    When the samples cannot tell the overhead from alpha (one kind of collective at one N: the
+    message count never varies), the overhead is left at 0 and alpha carries it."""
     rows = [(s.terms(), s.seconds) for s in samples if s.n > 1 and s.seconds > 0]
-    if len(rows) < 2:
-        raise ToolkitError("calibration: need at least two timed collectives at 2 or more ranks")
-    saa = sab = sbb = say = sby = 0.0
-    for (a, b), t in rows:
-        a, b, y = a / t, b / t, 1.0
-        saa, sab, sbb, say, sby = saa + a * a, sab + a * b, sbb + b * b, say + a * y, sby + b * y
-    det = saa * sbb - sab * sab
-    if det <= 0:
+    if len(rows) < 2 or len({b for (_, b), _ in rows}) < 2:
         raise ToolkitError("calibration: the samples cannot separate latency from bandwidth "
-                           "(time more than one message size)")
-    alpha = (say * sbb - sby * sab) / det
-    inverse_bw = (saa * sby - sab * say) / det
+                           "(time more than one message size, at 2 or more ranks)")
+    separable = len({a for (a, _), _ in rows}) > 1
+    design = [([1.0, a, b] if separable else [a, b], t) for (a, b), t in rows]
+    solution = _least_squares([[x / t for x in xs] for xs, t in design], [1.0] * len(design))
+    overhead, alpha, inverse_bw = solution if separable else (0.0, *solution)
     if inverse_bw <= 0:
         raise ToolkitError("calibration: the fitted bandwidth is not positive; time larger messages")
-    return Link(alpha=max(alpha, 0.0), bandwidth=1.0 / inverse_bw)
+    return Link(alpha=max(alpha, 0.0), bandwidth=1.0 / inverse_bw, overhead=max(overhead, 0.0))
+
+
+def _least_squares(x: list[list[float]], y: list[float]) -> list[float]:
+    """argmin |x w - y|: the normal equations, by Gaussian elimination with partial pivoting."""
+    k = len(x[0])
+    a = [[sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] * v for r, v in zip(x, y))] for i in range(k)]
+    for c in range(k):
+        p = max(range(c, k), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) < 1e-12 * max(1.0, max(abs(v) for v in a[p])):
+            raise ToolkitError("calibration: the samples cannot separate latency from bandwidth "
+                               "(time more than one message size, at 2 or more ranks)")
+        a[c], a[p] = a[p], a[c]
+        for r in range(k):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
+    return [a[i][k] / a[i][i] for i in range(k)]
 
 
 def fit_error(link: Link, samples: list[Sample]) -> float:

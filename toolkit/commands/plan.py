@@ -58,9 +58,9 @@ def cluster_from(args):
     if args.calibration:
         try:
             data = json.loads(Path(args.calibration).read_text())
-            inter = scaling.Link(float(data["inter"]["alpha"]), float(data["inter"]["bandwidth"]))
+            inter = _link(data["inter"])
             if "intra" in data:
-                intra = scaling.Link(float(data["intra"]["alpha"]), float(data["intra"]["bandwidth"]))
+                intra = _link(data["intra"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ToolkitError(f"--calibration {args.calibration}: not a calibration file ({e}); make one with "
                                f"examples/scaling_calibrate.py") from None
@@ -98,3 +98,8 @@ def run(args) -> int:
              compression_s=None if args.compression_ms is None else args.compression_ms / 1000, cluster_words=words)
     sys.stdout.flush()
     return 0
+
+
+def _link(values: dict):
+    from toolkit import scaling
+    return scaling.Link(float(values["alpha"]), float(values["bandwidth"]), float(values.get("overhead", 0.0)))
