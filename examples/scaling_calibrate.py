@@ -193,7 +193,7 @@ def main() -> int:
     text = report(fits, checks, compute, one, a, time.time() - started)
     print(text)
     if a.write_docs:
-        write_docs(text)
+        write_docs("calibration", text)
     return 0
 
 
@@ -224,9 +224,10 @@ def report(fits: dict, checks: dict, compute: dict, one: dict, a, seconds: float
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
+def write_docs(section: str, text: str) -> None:
+    """Replace docs/SCALING.md's text between <!-- section: begin --> and <!-- section: end -->."""
     doc = ROOT / "docs" / "SCALING.md"
-    begin, end = "<!-- calibration: begin -->", "<!-- calibration: end -->"
+    begin, end = f"<!-- {section}: begin -->", f"<!-- {section}: end -->"
     current = doc.read_text()
     head, rest = current.split(begin, 1)
     doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])

@@ -93,6 +93,13 @@ def test_overlap_fusion_and_cycles():
     assert scaling.horovod_comm_end([1e6] * 10, 0.0, cost, 3e6, 1e-3) == pytest.approx(tick + 3 * cost(3e6) + cost(1e6))
     # a longer cycle time delays the last reduction to the next tick
     assert scaling.horovod_comm_end([1e6], 0.1, cost, 64e6, 5e-3) == pytest.approx(0.1025 + cost(1e6))
+    # a big gradient ready early (VGG's fully connected layers: most bytes, little compute) hides behind
+    # the pass; ready in proportion to bytes it would come at 90% of the pass and show
+    big = [90e6, 10e6]
+    early = scaling.horovod_comm_end(big, 0.1, cost, 64e6, 1e-3, ready_fractions=[0.01, 1.0])
+    late = scaling.horovod_comm_end(big, 0.1, cost, 64e6, 1e-3)
+    assert early == pytest.approx(0.1 + tick + cost(10e6))
+    assert late == pytest.approx(0.09 + tick + cost(90e6) + cost(10e6))
 
 
 def test_step_time_stragglers_and_methods():

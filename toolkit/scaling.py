@@ -18,7 +18,9 @@ then combines across nodes by recursive vector halving and distance doubling: 2 
 A step (`step_time`) is one worker's compute (forward, backward, optimizer: measured at one worker)
 plus the part of the communication that does not hide behind the backward pass:
 - Horovod's path (none, fp16, hierarchical, adasum): gradients become ready during the backward
-  pass, last layer first, in proportion to their bytes; Horovod's background loop wakes every cycle
+  pass, last layer first, when the pass has done the compute that precedes them (`Workload.ready`;
+  unknown, in proportion to their bytes, which is late for big cheap layers such as VGG's fully
+  connected ones); Horovod's background loop wakes every cycle
   time, fuses the ready gradients into buffers of up to the fusion threshold and reduces them one
   after another (`horovod_comm_end`), so only what is still being sent when the backward pass ends
   adds to the step.
@@ -167,11 +169,12 @@ def expected_max_normal(n: int) -> float:
 
 
 def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, fusion_bytes: float,
-                     cycle_s: float) -> float:
+                     cycle_s: float, ready_fractions: list[float] | None = None) -> float:
     """When the last gradient has been reduced, in seconds from the backward pass's start.
 
     `tensor_bytes`: each gradient's bytes on the wire, in the order the backward pass produces them,
-    each ready when the pass has done its share (in proportion to bytes). Horovod's loop starts a
+    each ready at its `ready_fractions` of the pass (what share of the backward compute is done
+    by then), or, without them, when the pass has done its share in proportion to bytes. Horovod's loop starts a
     cycle at least `cycle_s` after the last one began and after its work ended (its phase against the
     step is arbitrary: the first tick half a cycle into the pass, the mean), fuses the gradients
     ready by then into buffers of up to `fusion_bytes` (one that is larger goes alone; 0: no fusion)
@@ -179,10 +182,13 @@ def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, 
     total = sum(tensor_bytes)
     if not tensor_bytes or total == 0:
         return 0.0
-    ready, acc = [], 0.0
-    for b in tensor_bytes:
-        acc += b
-        ready.append(backward_s * acc / total)
+    if ready_fractions:
+        ready = [backward_s * f for f in ready_fractions]
+    else:
+        ready, acc = [], 0.0
+        for b in tensor_bytes:
+            acc += b
+            ready.append(backward_s * acc / total)
     start, end, i = -cycle_s / 2, 0.0, 0
     while i < len(tensor_bytes):
         start = max(start + cycle_s, end)
@@ -207,6 +213,8 @@ class Workload:
     backward_fraction: float = 2 / 3     # of compute_s (backward costs about twice the forward)
     straggle: float = 0.0            # coefficient of variation of one worker's compute time
     state_values: int = 0            # what local SGD averages (parameters + optimizer slots); 0: 2x gradients
+    ready: tuple = ()                # each gradient's readiness, as a share of the backward pass done (same
+                                     # order, nondecreasing); empty: in proportion to bytes (see horovod_comm_end)
 
     @property
     def values(self) -> int:
@@ -267,7 +275,8 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
         sizes = [method.value_bytes * v for v in workload.tensor_values]
         backward = compute * workload.backward_fraction
         comm = sum(reduce_cost(s, n) for s in _fused(sizes, method.fusion_bytes))
-        end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes, method.cycle_s)
+        end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes, method.cycle_s,
+                               workload.ready)
         exposed = max(0.0, end - backward) + wait
     elif method.kind == "exchange":
         comm = sum(cluster.allgather(b, n) if kind == "allgather" else cluster.allreduce(b, n)

@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--bench", default=None, metavar="PATH",
                    help="a toolkit bench result with a 1-worker row (bench.json or its folder); "
                         "without it the plan runs toolkit bench --np 1")
-    p.add_argument("--step-ms", type=float, default=None, help="one worker's step time instead of the bench's")
+    p.add_argument("--step-ms", type=float, default=None, help="one worker's step time (e.g. measured on your GPU) instead of the bench's; the bench then runs one step, for the gradients' shapes")
     p.add_argument("--straggle", type=float, default=0.0,
                    help="coefficient of variation of a worker's step time, e.g. 0.05 (default 0)")
     p.add_argument("--backward-fraction", type=float, default=2 / 3,
@@ -88,8 +88,10 @@ def run(args) -> int:
     out = Path(args.out)
     if args.bench:
         worker = plan.from_bench(Path(args.bench))
-    else:                               # one worker's step, measured now
-        bench.run(cfg, bench.Options(warmup=5, iters=5, steps_per_iter=5), [1], out / "bench", None, args.timeout)
+    else:        # one worker's step, measured now (with --step-ms given, one step: only its gradients' shapes count)
+        rounds = bench.Options(warmup=1, iters=1, steps_per_iter=1) if args.step_ms else \
+            bench.Options(warmup=5, iters=5, steps_per_iter=5)
+        bench.run(cfg, rounds, [1], out / "bench", None, args.timeout)
         worker = plan.from_bench(out / "bench")
     if args.step_ms is not None:
         worker = replace(worker, step_s=args.step_ms / 1000)
