@@ -210,6 +210,12 @@ MUTANTS = [
     Mutant("slurm-no-requeue", "a preempted Slurm job is requeued and resumes",
            (("toolkit/recipes.py", """              f'if [ "$rc" -eq {EXIT_CODE} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',\n""", ""),),
            ("tests/test_launch.py::test_emitted_slurm_script_requeues_a_preempted_job_and_the_next_run_resumes",)),
+    Mutant("ring-half-bytes", "ring allreduce moves 2(N-1)/N of the buffer through each link",
+           (("toolkit/scaling.py", "link.cost(2 * (n - 1), 2 * (n - 1) / n * size)", "link.cost(2 * (n - 1), (n - 1) / n * size)"),),
+           ("tests/test_scaling.py::test_ring_allreduce_at_two_and_eight_ranks",)),
+    Mutant("no-overlap", "communication hides behind the backward pass (only what is left at its end shows)",
+           (("toolkit/scaling.py", "        exposed = max(0.0, end - backward) + wait", "        exposed = comm + wait"),),
+           ("tests/test_scaling.py::test_step_time_stragglers_and_methods",)),
 ]
 
 

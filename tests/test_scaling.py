@@ -110,6 +110,8 @@ def test_step_time_stragglers_and_methods():
     assert one.step_s == 0.1 and one.efficiency == 1 and one.bytes_per_step == 0
     eight = scaling.step_time(work, none, cluster, 8)
     assert eight.bytes_per_step == 16e6 and eight.step_s > 0.1
+    # overlap: three of the four gradients are reduced while the backward pass runs; the last shows
+    assert eight.exposed_s < 0.5 * eight.comm_s and eight.step_s == pytest.approx(0.1 + eight.exposed_s)
     # stragglers: the slowest of N (expected max of N standard normals: 1.42 at N=8)
     late = scaling.step_time(scaling.Workload(0.1, (1_000_000,) * 4, straggle=0.1), none, cluster, 8)
     assert late.step_s - eight.step_s == pytest.approx(0.1 * 0.1 * scaling.expected_max_normal(8))
