@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +196,7 @@ def plot(plan: scaling.Plan, samples_per_step: int, title: str, path: Path) -> N
     left.set(xlabel="GPUs", ylabel="% of linear", title="scaling efficiency", ylim=(0, 105))
     right.set(xlabel="GPUs", ylabel="samples/s", title="throughput", yscale="log")
     right.legend(fontsize=7)
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(textwrap.fill(title, 150), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

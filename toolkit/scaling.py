@@ -395,8 +395,8 @@ class Plan:
         if pick is not self.methods[0]:
             why += f", against {100 * plain.efficiency:.0f}% for {self.methods[0].name}"
         if pick is not best:
-            why += (f"; {best.name} is faster by {100 * (speed[best.name] / speed[pick.name] - 1):.1f}% but changes "
-                    f"what is summed (lossy), within the {100 * tolerance:.0f}% tolerance")
+            why += (f"; {best.name} is faster by {100 * (speed[best.name] / speed[pick.name] - 1):.1f}% but does not "
+                    f"sum the gradients exactly (lossy, or another combination), within the {100 * tolerance:.0f}% tolerance")
         elif not pick.lossless:
             why += "; it is lossy: check its accuracy on your model (docs/COMMUNICATION.md)"
         if cost.efficiency > 0.97:
