@@ -13,7 +13,9 @@
 # Environment: BASE_IMAGE (a base to build on; default: the Dockerfile's, or with buildah the
 # local debootstrap base), IMAGE (the tag to build), DEBIAN_MIRROR (else from apt's sources),
 # TORCH_INDEX_URL (else the Dockerfile's default, or pip's own configuration when that index is
-# unreachable), CONTEXT (the build context; default the repository's working tree),
+# unreachable), CONTEXT (the build context; default the repository's working tree), WHEELHOUSE (a
+# folder `toolkit build-horovod --export DIR` wrote: Horovod is installed from it, nothing compiled,
+# no compiler in the image, the host's Horovod cache not mounted),
 # ENGINE=docker|buildah (default: docker when `docker info` answers, a CLI alone is not enough).
 set -euo pipefail
 
@@ -163,14 +165,26 @@ build() {
     args+=(--build-arg "BASE_IMAGE=$LOCAL_BASE")
   fi
 
+  # A wheelhouse replaces the Dockerfile's empty `wheelhouse` stage (a named build context).
+  if [ -n "${WHEELHOUSE:-}" ]; then
+    [ -d "$WHEELHOUSE" ] || die "WHEELHOUSE=$WHEELHOUSE: no such folder (write one with \`toolkit build-horovod --export DIR\`)"
+    WHEELHOUSE=$(cd "$WHEELHOUSE" && pwd)
+    args+=(--build-context "wheelhouse=$WHEELHOUSE" --build-arg "WHEELHOUSE=$(basename "$WHEELHOUSE")")
+  fi
+
   start=$SECONDS
   if [ "$eng" = docker ]; then
     DOCKER_BUILDKIT=1 docker build -f "$dockerfile" -t "$image" "${args[@]}" "$@" "$CONTEXT"
   else
     # The host's pip and Horovod caches: a Horovod wheel built here once is reused by the image.
+    # With a WHEELHOUSE the Horovod cache stays out: the wheelhouse is the only way in.
     mkdir -p "$HOME/.cache/pip" "$HOME/.cache/toolkit"
-    mounts+=(-v "$HOME/.cache/pip:$HOST_CACHE/pip" -v "$HOME/.cache/toolkit:$HOST_CACHE/toolkit")
-    args+=(--build-arg "PIP_CACHE_DIR=$HOST_CACHE/pip" --build-arg "TOOLKIT_CACHE_DIR=$HOST_CACHE/toolkit")
+    mounts+=(-v "$HOME/.cache/pip:$HOST_CACHE/pip")
+    args+=(--build-arg "PIP_CACHE_DIR=$HOST_CACHE/pip")
+    if [ -z "${WHEELHOUSE:-}" ]; then
+      mounts+=(-v "$HOME/.cache/toolkit:$HOST_CACHE/toolkit")
+      args+=(--build-arg "TOOLKIT_CACHE_DIR=$HOST_CACHE/toolkit")
+    fi
     # --format docker: the OCI format drops SHELL (RUN would use /bin/sh, without pipefail).
     buildah bud --isolation chroot --pull=never --layers --format docker -f "$dockerfile" \
       --ignorefile "$dockerfile.dockerignore" -t "$image" "${mounts[@]}" "${args[@]}" "$@" "$CONTEXT"

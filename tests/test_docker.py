@@ -66,10 +66,16 @@ def test_shell_scripts_shellcheck_clean(script):
 def test_installs_through_setup_and_ends_with_doctor(variant):
     steps = _instructions(DOCKERFILES[variant])
     text = "\n".join(steps)
-    assert steps[0].startswith("ARG BASE_IMAGE=") and steps[1] == "FROM ${BASE_IMAGE}"
+    assert steps[0].startswith("ARG BASE_IMAGE=") and steps[1:3] == ["FROM scratch AS wheelhouse", "FROM ${BASE_IMAGE}"]
     setup = [s for s in steps if f"python{pins.PYTHON} -m toolkit setup" in s]
     assert len(setup) == 1, "exactly one RUN installs the environment, through `toolkit setup`"
     assert ("--gpu" in setup[0]) == (variant == "gpu")
+    # A wheelhouse (docker/build.sh WHEELHOUSE=DIR) replaces the empty stage; setup installs from it,
+    # and the image gets no compiler.
+    assert "--mount=type=bind,from=wheelhouse,target=/run/wheelhouse" in setup[0]
+    assert "${WHEELHOUSE:+--wheelhouse /run/wheelhouse}" in setup[0]
+    apt = next(s for s in steps if "apt-get install" in s)
+    assert re.search(r'build_tools="[^"]*g\+\+[^"]*"; \[ -n "\$\{WHEELHOUSE\}" \] && build_tools=""', apt), apt
     # No second package list: versions live in toolkit/pins.py only.
     assert "pip install" not in text and "pip3 install" not in text
     for name in list(pins.FRAMEWORKS) + list(pins.NO_DEPS) + ["horovod"]:

@@ -49,3 +49,27 @@ def test_frameworks_import_together_in_any_order(order):
     code = "; ".join(f"import {m}" for m in order) + "; import horovod.mxnet, horovod.torch; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_a_framework_without_wheels_for_the_python_at_hand_is_left_out():
+    """`toolkit setup` on another Python asks pip, per framework, for a wheel of each pinned
+    distribution: for Python 3.13 torch's exist; MXNet's own wheel is py3 but numpy 1.26.4 (its pin)
+    has no cp313 wheel, so MXNet is left out (named by that requirement), torch goes in."""
+    from pathlib import Path
+
+    from toolkit import envsetup
+    found = envsetup.framework_wheels(Path(sys.executable), ["torch", "mxnet"], version="3.13")
+    assert found == {"torch": None, "mxnet": f"numpy=={pins.FRAMEWORKS['numpy']}"}
+
+
+def test_a_virtualenv_of_another_python_is_refused_in_one_line(tmp_path):
+    """setup never installs into a virtualenv made by another Python (a 3.12 .venv under 3.11's setup)."""
+    from tests.conftest import one_line_error
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\necho 3.12\n")
+    python.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "setup", "--venv", str(tmp_path / "venv")],
+                          capture_output=True, text=True, timeout=120)
+    line = one_line_error(proc, "is Python 3.12, this is Python 3.11", "make setup PYTHON=python3.11` uses .venv;")
+    assert not (tmp_path / "venv" / ".toolkit-pins").exists(), line

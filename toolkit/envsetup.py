@@ -6,11 +6,13 @@ Runs under the bare system Python (stdlib only) before the virtualenv exists.
 """
 from __future__ import annotations
 
+import ctypes.util
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,16 +31,19 @@ def pins_digest(gpu: bool = False) -> str:
 
 
 def ensure_system_packages(say, compilers: bool = True) -> None:
-    """Open MPI: mpirun, and mpicxx too unless Horovod comes built (`compilers` False: a wheelhouse)."""
-    if shutil.which("mpirun") and (shutil.which("mpicxx") or not compilers):
+    """Open MPI: mpirun, and mpicxx too unless Horovod comes built (`compilers` False: a wheelhouse,
+    then pins.APT_RUNTIME: mpirun and the OpenMP runtime a compiler would have brought)."""
+    if shutil.which("mpirun") and (shutil.which("mpicxx") if compilers
+                                   else all(ctypes.util.find_library(lib) for lib in pins.RUNTIME_LIBRARIES)):
         return
-    packages = " ".join(pins.APT_PACKAGES)
+    wanted = pins.APT_PACKAGES if compilers else pins.APT_RUNTIME
+    packages = " ".join(wanted)
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise ToolkitError(f"Open MPI is missing: install it with `sudo apt-get install -y {packages}`, "
                            "then run `make setup` again")
     say(f"setup: apt-get install {packages}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *pins.APT_PACKAGES]):
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *wanted]):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ToolkitError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -48,6 +53,12 @@ def install_numpy_shim(site_packages: Path) -> None:
     """MXNet 1.9.1 uses `numpy.bool`, gone in numpy 1.24..1.26; a .pth restores it in every process."""
     shutil.copyfile(SHIM, site_packages / SHIM.name)
     (site_packages / "toolkit_numpy_compat.pth").write_text("import toolkit_numpy_compat\n")
+
+
+def default_venv() -> Path:
+    """.venv for the pinned Python, .venv-X.Y for another (each Python its own virtualenv)."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return ROOT / (".venv" if py == pins.PYTHON else f".venv-{py}")
 
 
 def _venv_python(venv: Path) -> Path:
@@ -62,33 +73,88 @@ def _run(cmd, what: str) -> None:
         raise ToolkitError(f"setup: {what} failed (exit {proc.returncode}):\n{tail}")
 
 
+def framework_wheels(python: Path, frameworks, gpu: bool = False, version: str | None = None) -> dict[str, str | None]:
+    """Each framework -> None when pip finds a wheel of every pinned distribution it needs
+    (pins.FRAMEWORK_DISTRIBUTIONS) for the Python of `python` (or `version`, "X.Y", asked of pip as
+    --python-version), else the first requirement without one. The index answers, not a table."""
+    found: dict[str, str | None] = {}
+    with tempfile.TemporaryDirectory() as nowhere:
+        for fw in frameworks:
+            found[fw] = None
+            for req in pins.framework_requirements(fw, gpu):
+                cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--dry-run",
+                       "--ignore-installed", "--no-deps", "--only-binary", ":all:", req]
+                if version:
+                    cmd += ["--python-version", version, "--target", nowhere]
+                if subprocess.run([str(c) for c in cmd], capture_output=True).returncode != 0:
+                    found[fw] = req
+                    break
+    return found
+
+
+def _python_version(python: Path) -> str:
+    return subprocess.check_output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                   text=True).strip()
+
+
+def _requested(build_args: list[str]) -> list[str] | None:
+    """`--frameworks A,B` (or `--frameworks=A,B`) among build-horovod's arguments, else None."""
+    for i, arg in enumerate(build_args):
+        if arg == "--frameworks" and i + 1 < len(build_args):
+            return [f.strip() for f in build_args[i + 1].split(",") if f.strip()]
+        if arg.startswith("--frameworks="):
+            return [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
+    return None
+
+
 def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> None:
     """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL)."""
     start = time.monotonic()
-    if f"{sys.version_info.major}.{sys.version_info.minor}" != pins.PYTHON:
-        raise ToolkitError(f"setup needs Python {pins.PYTHON} (this is {sys.version.split()[0]}); "
-                           f"run it as `python{pins.PYTHON} -m toolkit setup`")
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if sys.version_info[:2] < pins.MIN_PYTHON:
+        raise ToolkitError(f"setup needs Python {'.'.join(map(str, pins.MIN_PYTHON))} or newer (this is "
+                           f"{sys.version.split()[0]}); run it as `python{pins.PYTHON} -m toolkit setup`")
     ensure_system_packages(say, compilers="--wheelhouse" not in build_args)
     python = _venv_python(venv)
     if not python.exists():
         say(f"setup: creating {venv}")
         _run([sys.executable, "-m", "venv", venv], "creating the virtualenv")
+    elif (theirs := _python_version(python)) != py:
+        raise ToolkitError(f"setup: {venv} is Python {theirs}, this is Python {py}: give each Python its own "
+                           f"virtualenv (`make setup PYTHON=python{py}` uses {default_venv().name}; or --venv DIR)")
     stamp = venv / STAMP
-    if not stamp.exists() or stamp.read_text().strip() != pins_digest(gpu):
-        say("setup: installing pinned packages " + ("(GPU: torch, tensorflow, mxnet CPU, numpy<2, ...)" if gpu
-                                                    else "(torch + torchvision, tensorflow-cpu, mxnet, numpy<2, ...)"))
+    written = stamp.read_text().split() if stamp.exists() else []
+    if written[:1] != [pins_digest(gpu)]:
+        wheels = framework_wheels(python, list(pins.HOROVOD_FRAMEWORKS), gpu)
+        for fw, req in wheels.items():
+            if req:
+                say(f"setup: {fw} left out: no {req} wheel for Python {py} (toolkit/pins.py; "
+                    f"Python {pins.PYTHON} has all three)")
+        frameworks = [fw for fw, req in wheels.items() if not req]
+        if not frameworks:
+            raise ToolkitError(f"setup: no framework has its pinned wheels for Python {py}; use Python {pins.PYTHON}")
+        say(f"setup: installing the pinned packages for {', '.join(frameworks)}" +
+            (" (GPU: tensorflow instead of tensorflow-cpu, CUDA's compiler; MXNet stays CPU)" if gpu else ""))
         pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run(pip + ["--upgrade", f"setuptools=={pins.TOOLS['setuptools']}",
                     f"wheel=={pins.TOOLS['wheel']}"], "installing setuptools")
-        _run(pip + pins.requirements(gpu), "pip install of the pinned packages")
-        _run(pip + ["--no-deps"] + pins.no_deps_requirements(), "pip install of tf-keras")
+        _run(pip + pins.requirements(gpu, frameworks), "pip install of the pinned packages")
+        if pins.no_deps_requirements(frameworks):
+            _run(pip + ["--no-deps"] + pins.no_deps_requirements(frameworks), "pip install of tf-keras")
         _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], "installing the toolkit")
         site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        text=True).strip()
         install_numpy_shim(Path(site))
-        stamp.write_text(pins_digest(gpu) + "\n")
+        stamp.write_text(f"{pins_digest(gpu)}\n{','.join(frameworks)}\n")
     else:
-        say("setup: pinned packages already installed")
+        frameworks = written[1].split(",") if len(written) > 1 else list(pins.HOROVOD_FRAMEWORKS)
+        say(f"setup: pinned packages already installed ({', '.join(frameworks)})")
+    requested = _requested(build_args)
+    if requested is None:
+        build_args = [*build_args, "--frameworks", ",".join(frameworks)]
+    elif missing := [fw for fw in requested if fw not in frameworks]:
+        raise ToolkitError(f"setup: --frameworks {','.join(requested)}: {', '.join(missing)} cannot be installed "
+                           f"on Python {py} (see above); drop it or use Python {pins.PYTHON}")
     if gpu and "--gpu" not in build_args:
         build_args = ["--gpu", *build_args]
     proc = subprocess.run([python, "-m", "toolkit", "build-horovod", *build_args])

@@ -4,7 +4,11 @@
 Stdlib only: this module runs under the bare system Python before the virtualenv exists.
 """
 
-PYTHON = "3.11"
+PYTHON = "3.11"        # CI's, `make setup`'s and the images' Python
+# Oldest Python `toolkit setup` takes (pyproject's requires-python). On a newer one each framework is
+# installed where pip finds wheels of its pinned distributions (FRAMEWORK_DISTRIBUTIONS) for that
+# Python, and refused in one line where it does not (`make setup PYTHON=python3.12`, docs/TOOLCHAINS.md).
+MIN_PYTHON = (3, 11)
 HOROVOD = "0.28.1"
 
 # Frameworks, in the order they are installed. numpy < 2 because MXNet 1.9.1 needs it.
@@ -51,6 +55,12 @@ GPU_ADDS = {"cuda-toolkit[nvcc,cccl]": "13.0.3"}
 
 # Debian packages: Open MPI (mpirun, mpicxx) for Horovod's MPI controller and mpi4py.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
+# ... and on a node that installs a built Horovod (`--wheelhouse`): mpirun and libmpi (libopenmpi-dev
+# would bring gfortran; mpi4py's wheel loads the installed libmpi), and the GCC runtime libraries
+# libmxnet.so loads that a node without a compiler lacks (libgomp, libquadmath: the wheelhouse image
+# build found them one after the other).
+APT_RUNTIME = ("openmpi-bin", "libgomp1", "libquadmath0")
+RUNTIME_LIBRARIES = ("gomp", "quadmath")
 
 # Horovod framework name -> (pip distribution, importable module, Horovod extension module).
 HOROVOD_FRAMEWORKS = {
@@ -60,11 +70,33 @@ HOROVOD_FRAMEWORKS = {
 }
 
 
-def requirements(gpu: bool = False) -> list[str]:
-    """`name==version` lines for everything installed with dependencies (`gpu`: GPU_REPLACES)."""
-    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()] + \
-        ([f"{n}=={v}" for n, v in GPU_ADDS.items()] if gpu else [])
+# The pinned distributions each Horovod framework needs (numpy's pin is MXNet's and TensorFlow's: torch
+# takes any). A framework is installed only if every one of them has a wheel for the Python at hand.
+FRAMEWORK_DISTRIBUTIONS = {
+    "torch": ("torch", "torchvision"),
+    "tensorflow": ("tensorflow-cpu", "tf-keras", "numpy"),
+    "mxnet": ("mxnet", "numpy"),
+}
 
 
-def no_deps_requirements() -> list[str]:
-    return [f"{n}=={v}" for n, v in NO_DEPS.items()]
+def _wanted(name: str, frameworks) -> bool:
+    """Whether `name` (a FRAMEWORKS/NO_DEPS key) belongs to one of `frameworks` (None: all)."""
+    owners = [fw for fw, names in FRAMEWORK_DISTRIBUTIONS.items() if name in names]
+    return frameworks is None or not owners or any(fw in frameworks for fw in owners)
+
+
+def requirements(gpu: bool = False, frameworks=None) -> list[str]:
+    """`name==version` lines for everything installed with dependencies (`gpu`: GPU_REPLACES), for
+    `frameworks` (None: all three)."""
+    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()
+            if _wanted(n, frameworks)] + ([f"{n}=={v}" for n, v in GPU_ADDS.items()] if gpu else [])
+
+
+def no_deps_requirements(frameworks=None) -> list[str]:
+    return [f"{n}=={v}" for n, v in NO_DEPS.items() if _wanted(n, frameworks)]
+
+
+def framework_requirements(framework: str, gpu: bool = False) -> list[str]:
+    """The pinned `name==version` of each distribution `framework` needs (FRAMEWORK_DISTRIBUTIONS)."""
+    pinned = {**FRAMEWORKS, **NO_DEPS}
+    return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={pinned[n]}" for n in FRAMEWORK_DISTRIBUTIONS[framework]]

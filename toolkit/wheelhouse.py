@@ -128,7 +128,7 @@ def runtime_problems(data: dict) -> list[str]:
     if theirs and mine and tuple(map(int, mine.split("."))) < tuple(map(int, theirs.split("."))):
         out.append(f"glibc {mine} here, the wheel was built on glibc {theirs}: build on the oldest node's OS")
     if "mpi" in data.get("controllers", []) and not shutil.which("mpirun"):
-        out.append(f"built with MPI but mpirun is missing: apt-get install {' '.join(pins.APT_PACKAGES)}")
+        out.append(f"built with MPI but mpirun is missing: apt-get install {' '.join(pins.APT_RUNTIME)}")
     nccl = data.get("nccl")
     if nccl and nccl.get("source", "system") != "system":
         try:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 def register(sub) -> None:
     p = sub.add_parser("setup", help="create .venv with the pinned frameworks and a built Horovod")
-    p.add_argument("--venv", default=None, help="virtualenv folder (default: .venv at the repo root)")
+    p.add_argument("--venv", default=None, help="virtualenv folder (default: .venv at the repo root; .venv-X.Y for a Python other than "
+                        "the pinned one)")
     p.add_argument("--gpu", action="store_true",
                    help="the GPU variant (docker/Dockerfile): tensorflow instead of tensorflow-cpu, torch from "
                         "the CUDA index pip is given, Horovod with NCCL (build-horovod --gpu)")
@@ -22,6 +23,6 @@ def run(args) -> int:
     build_args = list(args.build_args)
     if args.wheelhouse:
         build_args += ["--wheelhouse", str(Path(args.wheelhouse).resolve())]
-    envsetup.setup(Path(args.venv) if args.venv else envsetup.ROOT / ".venv", build_args,
+    envsetup.setup(Path(args.venv) if args.venv else envsetup.default_venv(), build_args,
                    gpu=args.gpu)
     return 0
