@@ -53,13 +53,15 @@ def test_frameworks_import_together_in_any_order(order):
 
 def test_a_framework_without_wheels_for_the_python_at_hand_is_left_out():
     """`toolkit setup` on another Python asks pip, per framework, for a wheel of each pinned
-    distribution: for Python 3.13 torch's exist; MXNet's own wheel is py3 but numpy 1.26.4 (its pin)
-    has no cp313 wheel, so MXNet is left out (named by that requirement), torch goes in."""
+    distribution: MXNet's own wheel is py3-none, numpy 1.26.4 (its pin) has cp312 wheels and no cp313
+    one, so MXNet goes in on 3.12 and is left out on 3.13, named by that requirement (torch's 900 MB
+    wheel is not asked here: suite time; docs/TOOLCHAINS.md has the real 3.12 and 3.13 setups)."""
     from pathlib import Path
 
     from toolkit import envsetup
-    found = envsetup.framework_wheels(Path(sys.executable), ["torch", "mxnet"], version="3.13")
-    assert found == {"torch": None, "mxnet": f"numpy=={pins.FRAMEWORKS['numpy']}"}
+    assert envsetup.framework_wheels(Path(sys.executable), ["mxnet"], version="3.12") == {"mxnet": None}
+    found = envsetup.framework_wheels(Path(sys.executable), ["mxnet"], version="3.13")
+    assert found == {"mxnet": f"numpy=={pins.FRAMEWORKS['numpy']}"}
 
 
 def test_a_virtualenv_of_another_python_is_refused_in_one_line(tmp_path):

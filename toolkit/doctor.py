@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from toolkit import horovod_build, pins, registry
 
@@ -106,6 +107,15 @@ def _check_toolchain() -> None:
     _line("info", "nvcc", found.nvcc or "none (only GPU builds need it: CUDA's toolkit, or the nvidia-cuda-nvcc wheel)")
 
 
+def _setup_frameworks() -> list[str] | None:
+    """The frameworks `toolkit setup` installed in this virtualenv (its stamp's second line), if known."""
+    try:
+        lines = (Path(sys.prefix) / ".toolkit-pins").read_text().split()
+    except OSError:
+        return None
+    return lines[1].split(",") if len(lines) > 1 else None
+
+
 def report(framework: str) -> int:
     """Print every check and the frameworks that can train; return 1 if `framework` (or, for
     `all`, any of them) cannot train here, else 0."""
@@ -114,9 +124,14 @@ def report(framework: str) -> int:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     _line("ok" if py == pins.PYTHON else "warn", "python", f"{sys.version.split()[0]} ({sys.executable})",
           "" if py == pins.PYTHON else f"the toolkit pins Python {pins.PYTHON}")
+    chosen = _setup_frameworks()
     for name, want in {**pins.FRAMEWORKS, **pins.NO_DEPS}.items():
         have = _dist_version(name)
         ok = have is not None and have.split("+")[0] == want
+        if not ok and chosen is not None and not pins.wanted(name, chosen):
+            _line("info", name, f"{have or 'not installed'}: setup left it out on Python {py} (no wheels; "
+                                f"this virtualenv has {', '.join(chosen)})")
+            continue
         _line("ok" if ok else "warn", name, have or "not installed",
               "" if ok else f"pinned {name}=={want}: run `make setup`")
 

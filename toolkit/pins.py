@@ -79,7 +79,7 @@ FRAMEWORK_DISTRIBUTIONS = {
 }
 
 
-def _wanted(name: str, frameworks) -> bool:
+def wanted(name: str, frameworks) -> bool:
     """Whether `name` (a FRAMEWORKS/NO_DEPS key) belongs to one of `frameworks` (None: all)."""
     owners = [fw for fw, names in FRAMEWORK_DISTRIBUTIONS.items() if name in names]
     return frameworks is None or not owners or any(fw in frameworks for fw in owners)
@@ -89,11 +89,11 @@ def requirements(gpu: bool = False, frameworks=None) -> list[str]:
     """`name==version` lines for everything installed with dependencies (`gpu`: GPU_REPLACES), for
     `frameworks` (None: all three)."""
     return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={v}" for n, v in {**FRAMEWORKS, **TOOLS}.items()
-            if _wanted(n, frameworks)] + ([f"{n}=={v}" for n, v in GPU_ADDS.items()] if gpu else [])
+            if wanted(n, frameworks)] + ([f"{n}=={v}" for n, v in GPU_ADDS.items()] if gpu else [])
 
 
 def no_deps_requirements(frameworks=None) -> list[str]:
-    return [f"{n}=={v}" for n, v in NO_DEPS.items() if _wanted(n, frameworks)]
+    return [f"{n}=={v}" for n, v in NO_DEPS.items() if wanted(n, frameworks)]
 
 
 def framework_requirements(framework: str, gpu: bool = False) -> list[str]:

@@ -47,8 +47,11 @@ class Toolchain:
     gpu_archs: tuple[str, ...] = field(default_factory=tuple)   # compute capabilities present: ("90",)
 
     def describe(self) -> str:
-        cxx = f"{self.compiler_id.upper() if self.compiler_id == 'gcc' else self.compiler_id} " \
-              f"{_dotted(self.compiler_version) or '?'}"
+        if not shutil.which(self.compiler):
+            cxx = f"no C++ compiler ({self.compiler})"
+        else:
+            cxx = f"{self.compiler_id.upper() if self.compiler_id == 'gcc' else self.compiler_id} " \
+                  f"{_dotted(self.compiler_version) or '?'}"
         cmake = f"CMake {_dotted(self.cmake_version)}" if self.cmake_version else "no CMake"
         return f"{cxx}, {cmake}, Python {self.python[0]}.{self.python[1]}"
 
