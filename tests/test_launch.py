@@ -369,6 +369,23 @@ def test_a_rank_that_died_without_a_word_is_named_once():
                                 "toolkit: error: launch: rank 1 exited with code 139 (its output is above)"]
 
 
+MPIRUN_GARBLED_ABORTS = """\
+[1,2]<stderr>:toolkit: error: step 3: the loss is nan (not finite)
+[1,1]<stderr>:toolkit: error: step 3: the loss is nan (not finite)
+[vm:08839] [[20089,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in file ../../../orte/util/show_help.c at line 513
+[vm:08839] [[20089,0],0] ORTE_ERROR_LOG: Out of resource in file ../../../orte/util/show_help.c at line 507
+"""
+
+
+def test_open_mpis_garbled_report_of_two_aborts_is_dropped_when_the_ranks_said_why():
+    """Seen in CI: two parameter-server workers called MPI_Abort together and mpirun's show_help
+    failed to unpack their banners; the ranks' own lines are the report. Without them it is printed."""
+    code, err = relay_of(MPIRUN_GARBLED_ABORTS, 2)
+    assert code == 2 and err.splitlines() == MPIRUN_GARBLED_ABORTS.splitlines()[:2]
+    alone = "".join(MPIRUN_GARBLED_ABORTS.splitlines(keepends=True)[2:])
+    assert relay_of(alone, 2) == (2, alone)
+
+
 def test_an_unexplained_launcher_failure_is_printed_as_it_came():
     text = "Traceback (most recent call last):\n  File 'x.py', line 1\nKeyError: 'mystery'\n"
     code, err = relay_of(text, 1)

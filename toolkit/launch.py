@@ -228,10 +228,7 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
         if _is_root():
             argv.append("--allow-run-as-root")
         argv += ["-np", str(spec.np), "-H", hosts, "-bind-to", "none", "-map-by", "slot", "--tag-output",
-                 "-mca", "pml", "ob1", "-mca", "btl", "^openib",
-                 # Aggregating help messages races when two ranks fail together: Open MPI's own
-                 # `ORTE_ERROR_LOG: Data unpack would read past end of buffer ... show_help.c`.
-                 "-mca", "orte_base_help_aggregate", "0"]
+                 "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
         if spec.network_interface:
             argv += ["-mca", "btl_tcp_if_include", spec.network_interface]
         if spec.ssh_options():

@@ -28,6 +28,7 @@ EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
 PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
 ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
 ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
+ORTE_LOG = re.compile(r"^\[[^\]]+\] \S+ ORTE_ERROR_LOG: ")    # Open MPI's own internal errors
 RANK_ERROR = re.compile(r"toolkit: (error|stopped): ")    # a rank's own line: an error, or a preemption's stop
 
 
@@ -93,6 +94,11 @@ class Relay:
                 self._write(self.err, f"toolkit: error: launch: {rank} exited with code {self.rank_code} "
                                       "(its output is above)")
             return self.rank_code or returncode
+        if self.rank_errors and all(ORTE_LOG.match(t) or not t.strip() for _, t in self.held):
+            # Two ranks' MPI_Abort reports met in mpirun's show_help.c and it garbled them (`Data unpack
+            # would read past end of buffer`, Open MPI 4.1, with or without help aggregation): the
+            # banner naming the rank is lost; the ranks' own lines above say why the job stopped.
+            return returncode
         lines = [t.strip() for _, t in self.held]
         unreachable = [(m.group(1), lines[i + 1] if i + 1 < len(lines) else "")
                        for i, t in enumerate(lines) if (m := SSH_FAILED.match(t))]
