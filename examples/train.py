@@ -8,7 +8,7 @@ Ends with one JSON line on rank 0's stdout. Same as `toolkit train`.
 """
 import sys
 
-from toolkit.cli import main
+from toolkit.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    run(["train", *sys.argv[1:]])
