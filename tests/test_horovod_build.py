@@ -13,9 +13,13 @@ TOOLCHAIN = tc.Toolchain(python=(3, 11), compiler="c++", compiler_id="gcc", comp
 
 
 def test_env_has_the_workarounds(tmp_path):
+    ops = tmp_path / "src" / hb.OPERATIONS_CC      # a stand-in: the three ops that log a queued name
+    ops.parent.mkdir(parents=True)
+    ops.write_text("\n}\n".join([hb._ENQUEUED_LOG] * 3))
     env, applied = hb.build_env(hb.BuildSpec(), tmp_path, {"CXXFLAGS": "-O2", "HOROVOD_WITHOUT_MXNET": "1"},
-                                TOOLCHAIN)
-    assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers"]
+                                TOOLCHAIN, source=tmp_path / "src")
+    assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers", "mxnet-enqueue-name"]
+    assert ops.read_text().count("<< enqueued_name;") == 3
     assert env["HOROVOD_WITH_PYTORCH"] == env["HOROVOD_WITH_TENSORFLOW"] == env["HOROVOD_WITH_MXNET"] == "1"
     assert "HOROVOD_WITHOUT_MXNET" not in env, "a stale opposite switch must be removed"
     assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"
@@ -50,6 +54,9 @@ def test_cache_key_changes_with_every_input():
             hb.cache_key(hb.BuildSpec(gloo=False), versions),
             hb.cache_key(hb.BuildSpec(extra_env=("A=1",)), versions)}
     assert len(keys) == 5
+    # a build with MXNet carries the patch that changes its code: an unpatched cached wheel is not reused
+    assert base.endswith("_mxnet-enqueue-name")
+    assert "enqueue" not in hb.cache_key(hb.BuildSpec(frameworks=("torch",)), {"torch": versions["torch"]})
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -101,8 +108,9 @@ def test_gcc_13_gets_the_missing_includes_and_gcc_14_the_flatbuffers_fix(tmp_pat
     assert ("  size_type count_;" in header.read_text().splitlines()) == patch
 
 
-def test_the_flatbuffers_fix_matches_horovods_own_header(tmp_path):
-    """The patched line is in Horovod 0.28.1's sdist (pip's download; skipped without an index)."""
+def test_the_source_patches_match_horovods_own_files(tmp_path):
+    """The patched lines are in Horovod 0.28.1's sdist (pip's download; skipped without an index):
+    flatbuffers' span, and the three ops that log their name after queueing it (MXNet frees it)."""
     import tarfile
     proc = __import__("subprocess").run([__import__("sys").executable, "-m", "pip", "download", "--no-deps",
                                          "--no-binary", "horovod", "-q", "-d", str(tmp_path), "horovod==0.28.1"],
@@ -113,6 +121,11 @@ def test_the_flatbuffers_fix_matches_horovods_own_header(tmp_path):
     build = hb.Build(hb.BuildSpec(), TOOLCHAIN, tmp_path, {}, source)
     hb._flatbuffers_span(build)
     assert "  size_type count_;" in (source / hb.FLATBUFFERS_SPAN).read_text().splitlines()
+    hb._enqueued_name_copy(build)
+    ops = (source / hb.OPERATIONS_CC).read_text()
+    assert ops.count('<< "Enqueued " << enqueued_name;') == 3 and '<< "Enqueued " << name;' not in ops
+    with pytest.raises(ToolkitError, match="mxnet-enqueue-name: horovod/common/operations.cc is not the file"):
+        hb._enqueued_name_copy(build)           # applied twice (or another Horovod): refused, not half-done
 
 
 def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):

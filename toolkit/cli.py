@@ -52,14 +52,18 @@ def run(argv: list[str] | None = None):
     """The `toolkit` command (and `python -m toolkit`, examples/train.py): main(), then the exit.
 
     The process ends once its atexit handlers ran (Horovod's shutdown and timeline, multiprocessing's
-    loader workers, logging's flush) without Python's teardown of every module: a rank that imported
-    a framework spends up to a second there (2 ranks, 1 epoch of digits, medians of 5: 7.0 -> 6.3 s
-    torch, 8.4 -> 7.3 s TensorFlow; docs/TESTING.md). Files the toolkit writes are closed before
-    main() returns. With another Python thread still running, the normal exit (which waits for it)."""
+    loader workers, logging's flush) and MPI is finalized, without Python's teardown of every module:
+    a rank that imported a framework spends up to a second there (2 ranks, 1 epoch of digits, medians
+    of 5: 7.0 -> 6.3 s torch, 8.4 -> 7.3 s TensorFlow; docs/TESTING.md). Files the toolkit writes are
+    closed before main() returns. With another Python thread still running, the normal exit (which
+    waits for it)."""
     code = main(argv)
     if threading.active_count() > 1:
         sys.exit(code)
     atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")      # mpi4py finalizes MPI in a C-level exit hook, not atexit
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -131,13 +131,15 @@ def framework_versions(frameworks) -> dict[str, str]:
 
 
 def cache_key(spec: BuildSpec, versions: dict[str, str]) -> str:
-    """Readable and unique: Horovod, Python, every framework version, the operations, extra flags."""
+    """Readable and unique: Horovod, Python, every framework version, the operations, the workarounds
+    that change the built code (in_key), extra flags."""
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     fws = "-".join(versions[f].replace("==", "") for f in sorted(versions))
     ops = spec.operations
     ctl = "+".join(spec.controllers)
+    patched = "+".join(w.name for w in WORKAROUNDS if w.in_key and w.applies(Build(spec, None, Path(), {})))
     extra = hashlib.sha256("\n".join(spec.extra_env).encode()).hexdigest()[:8] if spec.extra_env else ""
-    return "_".join(p for p in (f"horovod{pins.HOROVOD}", py, fws, ops, ctl, extra) if p)
+    return "_".join(p for p in (f"horovod{pins.HOROVOD}", py, fws, ops, ctl, patched, extra) if p)
 
 
 def cache_dir() -> Path:
@@ -173,6 +175,9 @@ class Workaround:
     applies: Callable[[Build], bool]
     apply: Callable[[Build], None]
     when: str                                    # `applies` in words
+    # Changes what the built code does (not only whether it compiles): the cache key names it, so a
+    # wheel built without it is never reused. Such a row's `applies` reads b.spec alone.
+    in_key: bool = False
 
 
 def _cxx_launcher(b: Build) -> None:
@@ -223,6 +228,33 @@ def _flatbuffers_span(b: Build) -> None:
         raise ToolkitError(f"build-horovod: gcc14-flatbuffers: {FLATBUFFERS_SPAN} is not the header it patches "
                            f"(Horovod {pins.HOROVOD}'s); drop the row or update it")
     header.write_text(text.replace("  const size_type count_;", "  size_type count_;", 1))
+
+
+OPERATIONS_CC = "horovod/common/operations.cc"
+# Broadcast, alltoall and join log the op's name after queueing it. `name` is a reference into the
+# caller's op; MXNet's binding frees that op (DeleteMpiOpsParam) as soon as Horovod's background thread
+# finishes it, which under load can come first: the log line then copies freed memory (SIGSEGV in
+# EnqueueTensorBroadcast, std::__ostream_insert). Log a copy taken before the op is queued.
+_ENQUEUED_LOG = """  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+  if (status.ok()) {
+    LOG(TRACE, horovod_global.global_controller->GetRank())
+        << "Enqueued " << name;
+  }"""
+_ENQUEUED_LOG_FIXED = """  const std::string enqueued_name = name;   // toolkit: `name` may be freed once the op is queued
+  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+  if (status.ok()) {
+    LOG(TRACE, horovod_global.global_controller->GetRank())
+        << "Enqueued " << enqueued_name;
+  }"""
+
+
+def _enqueued_name_copy(b: Build) -> None:
+    source = b.source / OPERATIONS_CC
+    text = source.read_text()
+    if text.count(_ENQUEUED_LOG) != 3:
+        raise ToolkitError(f"build-horovod: mxnet-enqueue-name: {OPERATIONS_CC} is not the file it patches "
+                           f"(Horovod {pins.HOROVOD}'s: 3 ops log the name after queueing); drop the row or update it")
+    source.write_text(text.replace(_ENQUEUED_LOG, _ENQUEUED_LOG_FIXED))
 
 
 def _cuda_home(b: Build) -> None:
@@ -280,6 +312,13 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                "549:12: error: assignment of read-only member 'flatbuffers::span<T, Extent>::count_'`",
                lambda b: _gcc_at_least(b, 14), _flatbuffers_span,
                "the C++ compiler is GCC >= 14 (patches the sdist's bundled flatbuffers header as upstream did)"),
+    Workaround("mxnet-enqueue-name", "MXNet, rarely and under load: `Segmentation fault: 11` in a rank (SIGSEGV in "
+               "`horovod::common::EnqueueTensorBroadcast` -> `std::__ostream_insert`, then `terminate called "
+               "without an active exception`): the trace log after queueing a broadcast reads the op's name, "
+               "which MXNet's binding frees as soon as the op is done",
+               lambda b: "mxnet" in b.spec.frameworks, _enqueued_name_copy,
+               "mxnet (patches horovod/common/operations.cc: the name is copied before the op is queued; "
+               "named in the cache key)", in_key=True),
     Workaround("cmake4-policy", "CMake >= 4: `third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required): "
                "Compatibility with CMake < 3.5 has been removed from CMake.`",
                lambda b: b.toolchain.cmake_version[:1] >= (4,) and "CMAKE_POLICY_VERSION_MINIMUM" not in b.env,
