@@ -8,6 +8,8 @@
 #   tests/netns_hosts.sh exec DIR HOST COMMAND...   run COMMAND on HOST (hostA or hostB)
 #   tests/netns_hosts.sh shape DIR RATE   limit the link to RATE each way (tc tbf, e.g. 1gbit, 100mbit;
 #                                         "none" removes the limit): examples/compression_bench.py --hosts
+#   tests/netns_hosts.sh fault DIR HOST refuse|drop|none   HOST's sshd stopped (connections refused) /
+#                                         HOST answers nothing (its replies blackholed) / back to normal
 #   tests/netns_hosts.sh down DIR    stop the sshds, delete the namespaces (safe to repeat)
 #
 # `up` installs iproute2 and openssh-server with apt-get when they are missing.
@@ -26,6 +28,14 @@ on() {   # on HOST COMMAND...: in HOST's network namespace, with HOST's name and
     local host=$1; shift
     # shellcheck disable=SC2016  # $0 and $@ are the inner shell's: single quotes on purpose
     ip netns exec "${ns[$host]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
+}
+
+start_sshd() {   # start_sshd HOST, unless it runs
+    local host=$1
+    if [[ -f "$dir/sshd-$host.pid" ]] && kill -0 "$(cat "$dir/sshd-$host.pid")" 2>/dev/null; then
+        return 0
+    fi
+    on "$host" "$(command -v sshd || echo /usr/sbin/sshd)" -f "$dir/sshd_config-$host"
 }
 
 down() {
@@ -75,7 +85,7 @@ StrictModes no
 PidFile $dir/sshd-$host.pid
 LogLevel ERROR
 EOF
-        on "$host" "$(command -v sshd || echo /usr/sbin/sshd)" -f "$dir/sshd_config-$host"
+        start_sshd "$host"
     done
     # The ssh every launcher runs (horovodrun, mpirun, the TF workers' launcher) finds this one first
     # on PATH: this run's key and known_hosts, nothing written to ~/.ssh.
@@ -115,5 +125,22 @@ case $cmd in
                 ip netns exec "${ns[$host]}" tc qdisc replace dev tk0 root tbf rate "$rate" burst 512kb latency 200ms
             fi
         done ;;
-    *) echo "netns_hosts.sh: unknown command $cmd (up, exec, shape, down)" >&2; exit 2 ;;
+    fault)
+        host=${3:?usage: netns_hosts.sh fault DIR HOST refuse|drop|none}
+        [[ -n ${ns[$host]:-} ]] || { echo "netns_hosts.sh: no host $host (hostA, hostB)" >&2; exit 2; }
+        for other in "${hosts[@]}"; do [[ $other == "$host" ]] || peer=${addr[$other]}; done
+        case ${4:?usage: netns_hosts.sh fault DIR HOST refuse|drop|none} in
+            refuse)
+                if [[ -f "$dir/sshd-$host.pid" ]]; then
+                    pid=$(cat "$dir/sshd-$host.pid")
+                    kill "$pid" 2>/dev/null || true
+                    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+                fi ;;
+            drop) ip -n "${ns[$host]}" route replace blackhole "$peer/32" ;;
+            none)
+                ip -n "${ns[$host]}" route del blackhole "$peer/32" 2>/dev/null || true
+                start_sshd "$host" ;;
+            *) echo "netns_hosts.sh: fault is refuse, drop or none" >&2; exit 2 ;;
+        esac ;;
+    *) echo "netns_hosts.sh: unknown command $cmd (up, exec, shape, fault, down)" >&2; exit 2 ;;
 esac

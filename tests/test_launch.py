@@ -1,6 +1,7 @@
 """Launcher argv and environment, without MPI (Horovod's test/single style)."""
 import json
 import os
+import socket
 import shlex
 import shutil
 import subprocess
@@ -391,3 +392,49 @@ def test_an_unexplained_launcher_failure_is_printed_as_it_came():
     code, err = relay_of(text, 1)
     assert code == 1 and err == text
     assert relay_of("[0]<stdout>:{}\nsome launcher note\n", 0) == (0, "[0]<stdout>:{}\nsome launcher note\n")
+
+
+MPIRUN_SSH_LOGIN_FAILED = """\
+root@hostb: Permission denied (publickey).
+--------------------------------------------------------------------------
+ORTE was unable to reliably start one or more daemons.
+This usually is caused by:
+
+* not finding the required libraries and/or binaries on
+  one or more nodes. Please check your PATH and LD_LIBRARY_PATH
+  settings, or configure OMPI with --enable-orterun-prefix-by-default
+--------------------------------------------------------------------------
+"""
+
+
+def test_mpiruns_ssh_banner_is_one_line_with_sshs_reason():
+    """Recorded from `toolkit launch --launcher mpirun` with a key hostB refuses (tests/test_multihost.py
+    runs it for real); the banner is shortened here. A job that succeeds prints what it held."""
+    code, err = relay_of(MPIRUN_SSH_LOGIN_FAILED, 255)
+    assert code == 255
+    assert err.splitlines() == ["toolkit: error: launch: mpirun could not start on the other hosts over ssh "
+                                "(root@hostb: Permission denied (publickey).); check that ssh to each of them "
+                                "works without a password"]
+    assert relay_of("ssh: a warning\n[1,0]<stdout>:{}\n", 0) == (0, "[1,0]<stdout>:{}\nssh: a warning\n")
+
+
+def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
+    """`ssh -G` says where a host's ssh really is; a host behind a ProxyJump/ProxyCommand is left to
+    ssh. A stand-in ssh points `farhost` at a closed port on loopback."""
+    from toolkit.launch import LaunchSpec, _is_this_machine, _ssh_port_answers
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\necho "hostname 127.0.0.1"\necho "port {closed}"\necho "proxyjump $PROXY"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    spec = LaunchSpec(command=("true",), np=2, hosts="localhost:1,farhost:1", start_timeout=5)
+    monkeypatch.setenv("PROXY", "none")
+    why = _ssh_port_answers("farhost", spec)
+    assert why.startswith(f"farhost: its ssh port (127.0.0.1:{closed}) refused the connection"), why
+    monkeypatch.setenv("PROXY", "bastion")
+    assert _ssh_port_answers("farhost", spec) is None
+    assert _is_this_machine("127.0.0.2") and _is_this_machine(socket.gethostname())
+    assert not _is_this_machine("nosuchhost.invalid")

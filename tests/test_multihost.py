@@ -1,19 +1,22 @@
 """Two real hosts on one machine (issue 6): network namespaces with their own addresses, joined by a
 veth pair, each running sshd (tests/netns_hosts.sh). `toolkit launch -H hostA:1,hostB:1` trains
 `digits` across them with horovodrun over Gloo and MPI; rank 1 really runs on hostB (its own
-hostname), and its only way to rank 0 is the namespaces' link.
+hostname), and its only way to rank 0 is the namespaces' link. Then hostB fails as a host does
+(issue 20): its sshd stopped, its replies dropped, a key it refuses; each is one line naming it.
 
 Needs root and network namespaces: skipped with the reason where they are missing, failed instead
 when TOOLKIT_REQUIRE_MULTIHOST=1 demands the test.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, summary
+from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, one_line_error, summary
 from tests.test_distributed import digits, horovod_status
 
 pytestmark = pytest.mark.distributed
@@ -57,3 +60,57 @@ def test_training_across_two_namespace_hosts(hosts, controller):
     assert out["world_size"] == 2
     assert_replicas(out)
     assert out["accuracy"] > 0.9
+
+
+def _launch_from_hostA(hosts, launcher, *extra, path=None, timeout=120):
+    argv = ["bash", SCRIPT, "exec", hosts, "hostA", sys.executable, "-m", "toolkit", "launch", "-np", "2",
+            "-H", "hostA:1,hostB:1", "--launcher", launcher, "--network-interface", "tk0", *extra,
+            "--", *TRAIN, *digits("torch"), "--epochs", "1"]
+    env = clean_env()
+    env["PATH"] = f"{path or hosts / 'bin'}{os.pathsep}{env['PATH']}"
+    start = time.monotonic()
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return proc, time.monotonic() - start
+
+
+@pytest.fixture
+def fault(hosts):
+    """Puts hostB in a fault (`netns_hosts.sh fault`) for one test; back to normal after it."""
+    def put(kind):
+        subprocess.run(["bash", SCRIPT, "fault", hosts, "hostB", kind], check=True, timeout=60)
+    yield put
+    put("none")
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "tf_config"])
+def test_a_host_whose_ssh_refuses_is_one_line_naming_it(hosts, fault, launcher):
+    """hostB resolves and is up, but nothing listens on its ssh port: one line, before any launcher
+    (mpirun printed a 20-line banner; horovodrun skips its own ssh check for an hour once it passed)."""
+    fault("refuse")
+    proc, took = _launch_from_hostA(hosts, launcher)
+    one_line_error(proc, "cannot reach hostB", "refused", "--ssh-port")
+    assert took < 30
+
+
+def test_a_host_that_answers_nothing_is_one_line_within_the_start_timeout(hosts, fault):
+    """hostB drops what hostA sends (its replies are blackholed): ssh would wait for TCP's two minutes."""
+    fault("drop")
+    proc, took = _launch_from_hostA(hosts, "mpirun", "--start-timeout", "4")
+    one_line_error(proc, "cannot reach hostB", "nothing answered", "within --start-timeout 4 s")
+    assert took < 20
+
+
+def test_mpiruns_banner_for_an_ssh_login_that_fails_is_ssh_s_own_line(hosts, tmp_path):
+    """hostB's ssh port answers but refuses this key: mpirun's daemon banner becomes one line with
+    ssh's reason (`Permission denied (publickey)`)."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "stranger"], check=True)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host hostA hostB\n    IdentityFile {tmp_path / 'stranger'}\n    IdentitiesOnly yes\n"
+                      f"    UserKnownHostsFile {hosts / 'known_hosts'}\n    StrictHostKeyChecking no\n"
+                      "    BatchMode yes\n    LogLevel ERROR\n")
+    (tmp_path / "bin").mkdir()
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    wrapper.chmod(0o755)
+    proc, _ = _launch_from_hostA(hosts, "mpirun", path=tmp_path / "bin")
+    one_line_error(proc, "mpirun could not start on the other hosts over ssh", "Permission denied (publickey)")

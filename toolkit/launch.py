@@ -238,16 +238,77 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     return argv + list(spec.extra) + list(spec.command), env
 
 
-def check_hosts_resolve(spec: LaunchSpec) -> None:
-    """Every host of -H/--hostfile has an address, before any launcher starts: one line naming the
-    first that does not (mpirun would print a 20-line banner; horovodrun would try ssh first)."""
-    for host, _ in parse_hosts(spec.hosts or "localhost:1"):
+def check_hosts(spec: LaunchSpec) -> None:
+    """Before any launcher starts: every host of -H/--hostfile has an address, and every other host's
+    ssh port takes a connection within --start-timeout (all hosts at once). One line naming the first
+    host that fails; without this, mpirun prints a 20-line banner, horovodrun's ssh check takes up to
+    five 10-second tries (and is skipped for an hour once it passed), and a host that drops packets
+    holds ssh for TCP's two minutes. Whether ssh then logs in is left to the launcher."""
+    hosts = [host for host, _ in parse_hosts(spec.hosts or "localhost:1")]
+    for host in hosts:
         try:
             socket.getaddrinfo(host, None)
         except (socket.gaierror, UnicodeError) as e:
             reason = getattr(e, "strerror", None) or str(e)
             raise ToolkitError(f"launch: cannot reach {host}: the name does not resolve ({reason}); check the host "
                                f"names in -H/--hostfile", code=1) from None
+    remote = [host for host in dict.fromkeys(hosts) if not _is_this_machine(host)]
+    if not remote:
+        return
+    if shutil.which("ssh") is None:
+        raise ToolkitError(f"launch: ssh not found on PATH; the ranks on {remote[0]} are started over ssh "
+                           "(apt-get install openssh-client)", code=1)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
+        failures = [why for why in pool.map(lambda host: _ssh_port_answers(host, spec), remote) if why]
+    if failures:
+        raise ToolkitError(f"launch: cannot reach {failures[0]}", code=1)
+
+
+def _is_this_machine(host: str) -> bool:
+    """A name of this machine: by name, or because one of its addresses is on this machine (binding
+    to it works), as horovodrun and mpirun treat it: started without ssh."""
+    if _is_local(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _ssh_port_answers(host: str, spec: LaunchSpec) -> str | None:
+    """None when `host`'s ssh port (as ssh's own configuration resolves it: `ssh -G`) takes a TCP
+    connection within --start-timeout; else what went wrong, starting with the host's name. Hosts
+    reached through a ProxyJump or ProxyCommand are left to ssh."""
+    try:
+        shown = subprocess.run(["ssh", "-G", *spec.ssh_options(), host], capture_output=True, text=True,
+                               timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        shown = ""
+    config = dict(line.split(" ", 1) for line in shown.splitlines() if " " in line)
+    if config.get("proxyjump", "none") != "none" or config.get("proxycommand", "none") != "none":
+        return None
+    name, port = config.get("hostname", host), int(config.get("port") or spec.ssh_port or 22)
+    name = host if name.lower() == host.lower() else name      # ssh -G writes names in lower case
+    try:
+        with socket.create_connection((name, port), timeout=spec.start_timeout):
+            return None
+    except socket.timeout:
+        return (f"{host}: nothing answered on its ssh port ({name}:{port}) within --start-timeout "
+                f"{spec.start_timeout} s; is it up, and is that its name in -H/--hostfile?")
+    except ConnectionRefusedError:
+        return (f"{host}: its ssh port ({name}:{port}) refused the connection; start sshd there, or give its "
+                "port with --ssh-port")
+    except OSError as e:
+        return f"{host}: its ssh port ({name}:{port}): {e.strerror or e}; is it up, and is that its name in -H/--hostfile?"
 
 
 def _is_local(host: str) -> bool:
@@ -303,9 +364,9 @@ def command_line(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> 
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
     if spec.launcher == "tf_config":
-        check_hosts_resolve(spec)
+        check_hosts(spec)
         return _run_workers(plan_workers(spec, environ), timeout)
-    check_hosts_resolve(spec)
+    check_hosts(spec)
     argv, env = command_line(spec, environ)
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"

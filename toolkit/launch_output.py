@@ -10,7 +10,8 @@ sign of them; at the end, if a rank's failure explains them, they are dropped an
 code is that rank's (horovodrun itself exits 1 whatever the rank's code). A rank that failed without
 a `toolkit: error:` line of its own gets one from the launcher. A launcher that failed by itself
 (no rank did) is reduced to its last line, e.g. horovodrun's ssh check. Anything not recognised is
-printed as it came.
+printed as it came. mpirun's banner for daemons it could not start over ssh is reduced to ssh's own
+lines (`Permission denied (publickey)`, `Host key verification failed.`).
 """
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from typing import IO
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
                        r"Process \d+ exit with status code [1-9]\d*\.|Terminating remaining workers|"
-                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: )")
+                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: |"
+                       r"ssh: |(\S+: )?Permission denied \(|Host key verification failed)")
 SSH_FAILED = re.compile(r"^ssh not successful for host (\S+?):?\s*$")
 EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
 PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
 ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
 ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
 ORTE_LOG = re.compile(r"^\[[^\]]+\] \S+ ORTE_ERROR_LOG: ")    # Open MPI's own internal errors
+SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
+ORTE_NO_DAEMONS = re.compile(r"^ORTE was unable to reliably start one or more daemons")  # mpirun's ssh banner
 RANK_ERROR = re.compile(r"toolkit: (error|stopped): ")    # a rank's own line: an error, or a preemption's stop
 
 
@@ -107,6 +111,12 @@ class Relay:
                               for host, why in unreachable)
             self._write(self.err, f"toolkit: error: launch: cannot reach {hosts} over ssh; check the host "
                                   "names in -H/--hostfile and that ssh to them works without a password")
+            return returncode
+        if any(ORTE_NO_DAEMONS.match(t) for t in lines):     # mpirun could not start orted over ssh
+            said = ("; ".join(dict.fromkeys(t for t in lines if SSH_SAID.match(t))) or
+                    next(t for t in lines if ORTE_NO_DAEMONS.match(t)))
+            self._write(self.err, f"toolkit: error: launch: mpirun could not start on the other hosts over ssh "
+                                  f"({said}); check that ssh to each of them works without a password")
             return returncode
         last = next((t.strip() for _, t in reversed(self.held) if t.strip() and not t.startswith("-")), "")
         if last.startswith(("RuntimeError: ", "ValueError: ")):   # horovodrun's own checks
