@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -258,7 +259,6 @@ def check_hosts(spec: LaunchSpec) -> None:
     if shutil.which("ssh") is None:
         raise ToolkitError(f"launch: ssh not found on PATH; the ranks on {remote[0]} are started over ssh "
                            "(apt-get install openssh-client)", code=1)
-    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
         failures = [why for why in pool.map(lambda host: _ssh_port_answers(host, spec), remote) if why]
     if failures:

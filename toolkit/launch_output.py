@@ -21,17 +21,16 @@ import threading
 from typing import IO
 
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
                        r"Process \d+ exit with status code [1-9]\d*\.|Terminating remaining workers|"
-                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: |"
-                       r"ssh: |(\S+: )?Permission denied \(|Host key verification failed)")
+                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: |" + SSH_SAID.pattern[1:] + ")")
 SSH_FAILED = re.compile(r"^ssh not successful for host (\S+?):?\s*$")
 EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
 PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
 ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
 ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
 ORTE_LOG = re.compile(r"^\[[^\]]+\] \S+ ORTE_ERROR_LOG: ")    # Open MPI's own internal errors
-SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
 ORTE_NO_DAEMONS = re.compile(r"^ORTE was unable to reliably start one or more daemons")  # mpirun's ssh banner
 RANK_ERROR = re.compile(r"toolkit: (error|stopped): ")    # a rank's own line: an error, or a preemption's stop
 
@@ -112,9 +111,9 @@ class Relay:
             self._write(self.err, f"toolkit: error: launch: cannot reach {hosts} over ssh; check the host "
                                   "names in -H/--hostfile and that ssh to them works without a password")
             return returncode
-        if any(ORTE_NO_DAEMONS.match(t) for t in lines):     # mpirun could not start orted over ssh
-            said = ("; ".join(dict.fromkeys(t for t in lines if SSH_SAID.match(t))) or
-                    next(t for t in lines if ORTE_NO_DAEMONS.match(t)))
+        banner = next((t for t in lines if ORTE_NO_DAEMONS.match(t)), None)
+        if banner:                              # mpirun could not start its daemons over ssh
+            said = "; ".join(dict.fromkeys(t for t in lines if SSH_SAID.match(t))) or banner
             self._write(self.err, f"toolkit: error: launch: mpirun could not start on the other hosts over ssh "
                                   f"({said}); check that ssh to each of them works without a password")
             return returncode
