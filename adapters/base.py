@@ -10,13 +10,18 @@
             session.step()                                    # every accumulation_steps-th call
         session.save(checkpoint_dir, epoch=epoch)
 
-Everything written once is here: the checkpoints of the session's objects (toolkit.checkpoint's
-atomic, hashed folders), the loaders' positions, metrics averaged over ranks, the replica check,
-and the communication methods (toolkit.communication), which reach a user's model through
-`step()`. A framework's session (adapters/<framework>/session.py) adds the tensor work: moving
-and broadcasting the model, the backward pass, the optimizer step, reading and writing gradients
-for the toolkit's own exchange, and its files in a checkpoint. Where a framework cannot do
-something the config asks, its session says so in one line when it starts.
+Everything written once is here: the order of an optimizer step (`_reduce_and_apply`), the
+checkpoints of the session's objects (toolkit.checkpoint's atomic, hashed folders), the loaders'
+positions, metrics averaged over ranks, the replica check, the NaN guard. Three objects answer the
+rest, each chosen once:
+- the framework's session (adapters/<framework>/session.py, a subclass): the tensor work: the
+  model on the device, the backward pass, gradients and state as tensors, its files in a checkpoint;
+- its strategy (adapters/<framework>/strategies/, from the registry): how gradients and state move
+  between the ranks: start, the optimizer wrapped, broadcast, reduce, collectives (adapters/strategy.py);
+- its precision (adapters/<framework>/precision.py): forward context, scaled backward, unscale,
+  the step applied or skipped, its state.
+Where a framework cannot do something the config asks, the registry says so in one line when the
+config resolves.
 """
 from __future__ import annotations
 
@@ -104,10 +109,11 @@ class Loader:
 
 class Session(abc.ABC):
     name: str                       # the framework
-    path: str = ""                  # how it trains, in a few words (the JSON summary's "path")
 
-    def __init__(self, config):
+    def __init__(self, config, strategy):
         self.config = config
+        self.strategy = strategy    # adapters/strategy.py: how gradients and state move
+        self.precision = None       # adapters/<framework>/precision.py, made by start()
         self.model = self.optimizer = self.loss_fn = None
         self.topology: Topology | None = None
         self.loaders: list[Loader] = []
@@ -124,15 +130,21 @@ class Session(abc.ABC):
 
     # -- start --------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, config, comm=None) -> "Session":
-        """hvd.init (on the mpi4py communicator `comm` when given), device per local rank, threads,
-        seeds (`seed + rank`: every rank's model starts different until setup() broadcasts it;
-        setup() then seeds `seed` on every rank)."""
-        session = cls(config)
+    def start(cls, config, strategy, comm=None) -> "Session":
+        """The strategy's start (hvd.init, on the mpi4py communicator `comm` when given), device per
+        local rank, threads, seeds (`seed + rank`: every rank's model starts different until setup()
+        broadcasts it; setup() then seeds `seed` on every rank)."""
+        session = cls(config, strategy)
         session.topology = session._start(comm)
+        session.precision = session._make_precision()       # before a model is built (MXNet's AMP)
         preemption.install()
         session._seed(config.seed + session.rank * session.replicas)
         return session
+
+    @property
+    def path(self) -> str:
+        """How it trains, in a few words (the JSON summary's "path"): the strategy's."""
+        return self.strategy.path
 
     @property
     def rank(self) -> int:
@@ -168,10 +180,7 @@ class Session(abc.ABC):
 
     def refresh_topology(self) -> None:
         """Horovod elastic renumbers the ranks after workers leave or join: read them again."""
-        import dataclasses
-        hvd = self.hvd
-        self.topology = dataclasses.replace(self.topology, rank=hvd.rank(), size=hvd.size(),
-                                            local_rank=hvd.local_rank(), local_size=hvd.local_size())
+        self.topology = self.strategy.refresh(self.topology)
         if self.communication is not None:
             self.communication.rank, self.communication.world = self.rank, self.world_size
 
@@ -193,8 +202,6 @@ class Session(abc.ABC):
         then rank 0's parameters, buffers and optimizer state on every rank. `optimizer=None`
         makes the config's (sgd/adam, lr, momentum, weight_decay); `loss=None` is cross-entropy on
         logits. Returns (model, optimizer): use these from now on."""
-        from toolkit.communication import Communication
-
         if self.model is not None:
             raise ToolkitError("session.setup() was called twice; one session trains one model "
                                "(start another process for another)")
@@ -202,8 +209,8 @@ class Session(abc.ABC):
         self.optimizer = optimizer if optimizer is not None else self._make_optimizer(self.model)
         self.loss_fn = loss if loss is not None else self._cross_entropy
         self.local_digests = [digest(p) for p in self.replica_parameters()]
-        self._wrap()
-        self.communication = Communication(self.config, self, self.rank, self.world_size)
+        self.strategy.wrap(self)
+        self.communication = self.strategy.communication(self)
         if not self.config.elastic:     # elastic: the State's sync broadcasts, inside hvd.elastic.run
             self.broadcast()
         # From here on the same random stream on every rank: the model is equal now, and what is
@@ -303,7 +310,30 @@ class Session(abc.ABC):
     def autocast(self):
         """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:
         its global mixed policy, set at start, so nothing here)."""
-        return contextlib.nullcontext()
+        return self.precision.forward_context() if self.precision is not None else contextlib.nullcontext()
+
+    def _reduce_and_apply(self, loss, batch=None) -> None:
+        """One optimizer step after the backward passes, in the order written once for every strategy
+        and precision: reduce (strategy) -> unscale (precision) -> clip -> finite check, then apply or
+        skip (precision). nan_guard: the step's loss averaged over the ranks beside the gradients.
+        `batch`: what the framework's update divides by (MXNet's Trainer), None elsewhere."""
+        pending = self.strategy.reduce_loss(self, loss) if self.reduces_loss else None
+        self.strategy.reduce(self)
+        self.precision.unscale(self.optimizer)
+        if self.measures_norm:
+            self.grad_norm = self._clip_gradients(self.config.clip_grad_norm, batch)
+        with self.strategy.reduced(self):
+            self.step_skipped = self.precision.step(self.optimizer, batch)
+        if self.reduces_loss:
+            self.step_loss = self.strategy.reduced_loss(self, pending, loss)
+
+    def _clip_gradients(self, max_norm: float, batch=None):
+        """The reduced gradients' global norm, and the gradients clipped to `max_norm` (the framework's)."""
+        raise NotImplementedError(f"{type(self).__name__} clips inside its own step")
+
+    def _make_precision(self):
+        """The framework's precision object for the config (adapters/<framework>/precision.py)."""
+        return None
 
     def to_float(self, value) -> float:
         """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
@@ -478,19 +508,46 @@ class Session(abc.ABC):
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
 
-    # -- object collectives, the same for every framework's Horovod module (self.hvd) -------------------
-    # Horovod names them after type(obj) unless told: ranks passing objects of different types
-    # (rank 0 a payload, the others None) would wait forever. So a name is required.
+    # -- collectives: the strategy's ------------------------------------------------------------------
+    # Object collectives always carry a name: Horovod names them after type(obj) unless told, and
+    # ranks passing objects of different types (rank 0 a payload, the others None) would wait forever.
     def allgather_object(self, obj, name: str) -> list:
-        return self.hvd.allgather_object(obj, name=name)
+        return self.strategy.allgather_object(obj, name=name)
 
     def broadcast_object(self, obj, name: str, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root, name=name)
+        return self.strategy.broadcast_object(obj, name=name, root=root)
+
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
+        collective by a per-process counter, so ranks that ran different numbers of operations
+        (uneven data, joined ranks) must name theirs."""
+        return self.strategy.allreduce(array, average=average, name=name)
+
+    def allgather(self, array):
+        """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
+        return self.strategy.allgather(array)
+
+    def broadcast(self, root: int = 0) -> None:
+        """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
+        self.strategy.broadcast(self, root)
+
+    def join(self) -> int:
+        """Horovod's join: this rank has no more batches; its allreduces count as zeros until
+        every rank has joined. Returns the last rank to join."""
+        return self.strategy.join()
+
+    def elastic_run(self, func):
+        """`func(state)` under the strategy's elastic run (Horovod's `hvd.elastic.run`)."""
+        return self.strategy.elastic_run(func)
+
+    def on_reset(self) -> None:
+        """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
+        self.strategy.on_reset(self)
 
     # -- what each framework's session provides ----------------------------------------------------------
-    @abc.abstractmethod
     def _start(self, comm=None) -> Topology:
-        """hvd.init (or the framework's own), threads and the device of this local rank."""
+        """The strategy's start: init, threads and the device of this local rank."""
+        return self.strategy.start(comm)
 
     @abc.abstractmethod
     def _seed(self, seed: int) -> None: ...
@@ -506,14 +563,6 @@ class Session(abc.ABC):
     @abc.abstractmethod
     def _cross_entropy(self, logits, labels):
         """The default loss: mean cross-entropy of integer labels on logits."""
-
-    @abc.abstractmethod
-    def _wrap(self) -> None:
-        """The optimizer wrapped for the config's communication (or left local for the toolkit's)."""
-
-    @abc.abstractmethod
-    def broadcast(self, root: int = 0) -> None:
-        """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
 
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None: ...
@@ -568,12 +617,6 @@ class Session(abc.ABC):
     @abc.abstractmethod
     def _load_objects(self, folder: Path) -> None: ...
 
-    @abc.abstractmethod
-    def allreduce(self, array, average: bool = True, name: str | None = None):
-        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
-        collective by a per-process counter, so ranks that ran different numbers of operations
-        (uneven data, joined ranks) must name theirs."""
-
     # Communication's primitives (toolkit/communication.py): the step, split where the toolkit's
     # exchange comes in.
     @abc.abstractmethod
@@ -600,10 +643,6 @@ class Session(abc.ABC):
     def set_state(self, arrays: list) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
 
-    def allgather(self, array):
-        """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
-        raise NotImplementedError(f"{type(self).__name__} has no toolkit exchange (see toolkit/registry.py)")
-
     # -- the parameter server's workers (toolkit/ps.py) --------------------------------------------------
     def weights(self) -> list:
         """The trainable parameters as numpy arrays, in local_gradients order."""
@@ -612,22 +651,10 @@ class Session(abc.ABC):
     def set_weights(self, arrays) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
 
-    # -- uneven data and elastic training, where the registry marks them --------------------------------
-    def join(self) -> int:
-        """Horovod's join: this rank has no more batches; its allreduces count as zeros until
-        every rank has joined. Returns the last rank to join."""
-        raise NotImplementedError(f"{type(self).__name__} has no join (see toolkit/registry.py)")
-
+    # -- elastic training, where the registry marks it ----------------------------------------------
     def snapshot(self):
         """An in-memory copy of model and optimizer state (what an elastic commit keeps)."""
         raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
 
     def restore(self, snapshot) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
-
-    def elastic_run(self, func):
-        """`func(state)` under Horovod elastic: the framework's `hvd.elastic.run`."""
-        return self.hvd.elastic.run(func)
-
-    def on_reset(self) -> None:
-        """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""

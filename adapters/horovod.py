@@ -1,6 +1,8 @@
-"""Horovod's start-up, shared by every session that runs on Horovod (torch, TensorFlow, MXNet):
+"""What every Horovod strategy shares (torch, TensorFlow, MXNet: adapters/<framework>/strategies/horovod.py):
 its tuning variables, the import of `horovod.<framework>` with a one-line fix when the build lacks
-it, `hvd.init()` (on an mpi4py communicator when given), the op check, and the GPU per local rank.
+it, `hvd.init()` (on an mpi4py communicator when given), the op check, the GPU per local rank, the
+config's compression and op as Horovod's, and the collectives that are the same in every framework
+(objects, join, elastic).
 """
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import os
 from pathlib import Path
 
+from toolkit.adapters.strategy import Strategy
 from toolkit.errors import ToolkitError
 from toolkit.launch import tuning_env
 
@@ -115,3 +118,44 @@ def reduction(hvd, config):
     from toolkit.config import Compression, Op
     compression = hvd.Compression.fp16 if config.compression is Compression.FP16 else hvd.Compression.none
     return compression, {Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: getattr(hvd, "Adasum", None)}[config.op]
+
+
+class HorovodStrategy(Strategy):
+    """Horovod's part of every framework's Horovod strategy; a subclass names its module and adds
+    the framework's device, optimizer wrapping, broadcast and array collectives."""
+    name = "horovod"
+    module = framework = ""      # "horovod.torch", "torch"
+    hvd = None
+
+    def init(self, comm=None, default_fusion_mb: float | None = None):
+        """Tuning, `import horovod.<fw>`, hvd.init() on `comm` or every rank, the op checked."""
+        self.hvd = start_horovod(self.config, self.module, self.framework, default_fusion_mb, comm=comm)
+        return self.hvd
+
+    def refresh(self, topology):
+        """Horovod elastic renumbers the ranks after workers leave or join: read them again."""
+        import dataclasses
+        hvd = self.hvd
+        return dataclasses.replace(topology, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                                   local_size=hvd.local_size())
+
+    # Horovod names object collectives after type(obj) unless told: ranks passing objects of
+    # different types (rank 0 a payload, the others None) would wait forever. So a name is required.
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
+
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root, name=name)
+
+    def join(self) -> int:
+        """Horovod's join: this rank has no more batches; its allreduces count as zeros until every
+        rank has joined. Returns the last rank to join."""
+        return self.hvd.join()
+
+    def elastic_run(self, func):
+        """`func(state)` under Horovod elastic: the framework's `hvd.elastic.run`."""
+        return self.hvd.elastic.run(func)
+
+    def reduction(self):
+        """(compression, op) of this framework's Horovod module for the config."""
+        return reduction(self.hvd, self.config)

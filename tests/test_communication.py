@@ -82,7 +82,8 @@ def train(world=2, steps=24, epoch_ends=(), momentum=0.9, **config):
     def rank_main(rank):
         try:
             adapter = LeastSquares(group, rank, momentum=momentum)
-            comm = Communication(Config.from_dict(config), adapter, rank, world)
+            resolved = Config.from_dict(config)
+            comm = Communication(resolved, adapter, rank, world, exchange=resolved.toolkit_exchange)
             for step in range(steps):
                 comm.step(batches_for(rank, step), step)
                 if step + 1 in epoch_ends:
@@ -208,10 +209,10 @@ def test_residuals_and_counter_survive_a_checkpoint(tmp_path):
     Communication.write(tmp_path, gathered[0])
     saved = Communication.read(tmp_path)
     for rank, (_, comm) in enumerate(before):
-        fresh = Communication(Config.from_dict({"compression": "topk", "topk_ratio": 0.1}), LeastSquares(None, rank), rank, 2)
+        fresh = Communication(Config.from_dict({"compression": "topk", "topk_ratio": 0.1}), LeastSquares(None, rank), rank, 2, True)
         assert fresh.load(saved) is None
         assert np.array_equal(fresh.exchange.residual, comm.exchange.residual)
-    other_world = Communication(Config.from_dict({"compression": "topk"}), LeastSquares(None, 0), 0, 4)
+    other_world = Communication(Config.from_dict({"compression": "topk"}), LeastSquares(None, 0), 0, 4, True)
     assert "for 2 ranks" in other_world.load(saved) and other_world.exchange.residual is None
-    assert Communication(Config.from_dict({"compression": "topk"}), LeastSquares(None, 0), 0, 2).load(None).startswith("the checkpoint has no")
+    assert Communication(Config.from_dict({"compression": "topk"}), LeastSquares(None, 0), 0, 2, True).load(None).startswith("the checkpoint has no")
 

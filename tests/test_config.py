@@ -1,4 +1,6 @@
 """Config precedence and validation (no framework, no MPI)."""
+import dataclasses
+
 import pytest
 
 from toolkit import config
@@ -231,3 +233,26 @@ def test_config_show_writes_the_readme_form_and_reads_back(tmp_path):
         assert config.resolve({"config": str(tmp_path / "c.yaml")}, environ={}) == made
     assert "\nelastic:\n  min_np: 2\n  max_np: null  # unset: no limit\n" in Config(elastic_min_np=2).to_yaml()
     assert "elastic_" not in text and "\nstaleness: 4\n" in text and "\nlocal_steps: null  # unset: 4\n" in text
+
+
+def test_docs_config_md_is_generated_from_the_fields():
+    """docs/CONFIG.md lists every key (YAML, flag, TOOLKIT_*, default, help) as the fields define them."""
+    from pathlib import Path
+
+    from toolkit.config import docs
+    path = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
+    assert path.read_text() == docs.render(), \
+        "docs/CONFIG.md is stale: run `python -m toolkit config docs > docs/CONFIG.md`"
+    assert all(f"| `{f.name}` |" in docs.render() for f in dataclasses.fields(Config))
+
+
+def test_config_is_composed_from_the_groups_and_complete_on_construction():
+    """Each key is written once, in a group's dataclass; the flat Config keeps the interface's order;
+    a derived default is filled in by a step that returns a new Config (also through replace)."""
+    from toolkit.config import GROUP_CLASSES, ORDER
+    assert [f.name for f in dataclasses.fields(Config)] == list(ORDER)
+    groups = {f.name: cls.group for cls in GROUP_CLASSES for f in dataclasses.fields(cls)}
+    assert {f.name: f.metadata["group"] for f in dataclasses.fields(Config)} == groups
+    topk = dataclasses.replace(Config(), compression=config.Compression.TOPK)
+    assert topk.topk_ratio == config.unset_default("topk_ratio") == 0.01
+    assert Config(sync=Sync.LOCAL_SGD).local_steps == config.unset_default("local_steps")

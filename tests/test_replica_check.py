@@ -13,7 +13,7 @@ from toolkit.errors import ToolkitError
 class TwoRanks(Session):
     """What a rank of a 2-rank job sees when the other rank holds `other`."""
     def __init__(self, mine, other):
-        super().__init__(Config())
+        super().__init__(Config(), strategy=None)     # its one collective is below
         self.mine, self.other = mine, other
 
     size = 1        # sync_buffers: nothing to average

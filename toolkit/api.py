@@ -11,9 +11,9 @@ from toolkit.errors import ToolkitError
 
 
 def start(config: Config, comm=None):
-    """The framework's session for `config`, started (hvd.init, device, threads, seeds)."""
-    cls = registry.load(config.framework, config.backend.value, config.keras.value)
-    return cls.start(config, comm)
+    """The framework's session for `config` on its strategy, started (hvd.init, device, threads, seeds)."""
+    session_cls, strategy_cls = registry.load(config.framework, config.backend.value, config.keras.value)
+    return session_cls.start(config, strategy_cls(config), comm)
 
 
 def build_model(config: Config, session, data: datasets.Datasets):

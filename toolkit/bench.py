@@ -11,7 +11,7 @@ one job per world size through toolkit.launch, reads each job's result file, pri
 writes `bench.json` and `bench.png` (matplotlib, imported only there).
 
 A result file is `{"rates": [[samples/s of each timed iteration] per worker], ...}`; the peer
-scripts in examples/peers/ write the same shape, so `summarize()` reads both.
+scripts in benchmarks/peers/ write the same shape, so `summarize()` reads both.
 """
 from __future__ import annotations
 
@@ -142,9 +142,9 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
 
 def model_words(config: Config, options: Options) -> str:
     """What the benchmark trained, in a few words (the table's title)."""
-    from toolkit.config import IMAGE_MODELS, Model
+    from toolkit.config import IMAGE_MODELS, Model, unset_default
     if config.model in IMAGE_MODELS:
-        size = config.image_size or 224
+        size = config.image_size or unset_default("image_size")
         return f"{config.model} on synthetic {size}x{size} images"
     if config.model == Model.TRANSFORMER_LM.value:
         return (f"transformer_lm {config.hidden_layers}x{config.hidden_size}, {config.heads} heads, on "
@@ -165,7 +165,7 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
     """One launched job per world size; the table on stdout, bench.json and bench.png in `out`."""
     if config.backend.value == "native":
         raise ToolkitError("toolkit bench times Horovod jobs; for TensorFlow's own strategies use "
-                           "examples/peers/mwms_tf_synthetic.py (see docs/BENCHMARKS.md)")
+                           "benchmarks/peers/mwms_tf_synthetic.py (see docs/BENCHMARKS.md)")
     out.mkdir(parents=True, exist_ok=True)
     config_file = out / "config.yaml"
     config_file.write_text(config.to_yaml())

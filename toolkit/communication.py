@@ -1,8 +1,8 @@
 """How each optimizer step's gradients cross the wire, chosen once from the config and counted in bytes.
 
-One class, three ways; the session (adapters/base.py) calls `step` (its `train_step`: forward,
-backward and the reduction) or `finish_step` (its `step()`, after the user's own backward passes)
-and does not know which way runs:
+One class, three ways, chosen by the session's strategy (adapters/strategy.py, `exchange`); the
+session (adapters/base.py) calls `step` (its `train_step`: forward, backward and the reduction) or
+`finish_step` (its `step()`, after the user's own backward passes) and does not know which way runs:
 
 - Horovod's own path (compression none or fp16, any op): the session's `_train_step` /
   `_apply_step`, with Horovod's distributed optimizer inside. It sends the dense gradients: 4 bytes
@@ -35,10 +35,16 @@ from toolkit.config import Compression, Config, Op, Sync
 STATE_FILE = "communication.npz"
 
 
+def for_session(config: Config, session, exchange: bool) -> "Communication":
+    """The session's communication; `exchange`: the strategy's answer, whether the toolkit's exchange
+    moves the gradients (else the strategy's own reduce does, inside the session's step)."""
+    return Communication(config, session, session.rank, session.world_size, exchange)
+
+
 class Communication:
-    def __init__(self, config: Config, session, rank: int, world_size: int):
+    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool):
         self.session, self.rank, self.world = session, rank, world_size
-        self.toolkit = config.toolkit_exchange
+        self.toolkit = exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
         self.warmup_steps = config.sync_warmup_steps
         self.clip_grad_norm, self.nan_guard = config.clip_grad_norm, config.nan_guard

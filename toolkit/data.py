@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.config import IMAGE_MODELS, Config, Dataset, Model, on_disk
+from toolkit.config import IMAGE_MODELS, Config, Dataset, Model, on_disk, unset_default
 
 SYNTHETIC_IMAGES = (256, 64)    # train, eval samples of synthetic images (and of token windows)
 
@@ -79,7 +79,7 @@ def _on_disk(config: Config, kind: str, path: str) -> Datasets:
     folder = ondisk.image_folder(config.dataset, path)
     import importlib
     reader = importlib.import_module(f"toolkit.adapters.{config.framework}.images")
-    size = config.image_size or 224
+    size = config.image_size or unset_default("image_size")
     train, evaluation = reader.read(folder, config, size)
     return Datasets(train, evaluation, 3 * size * size, len(folder.classes), image_shape(config, size))
 
@@ -88,7 +88,7 @@ def synthetic_images(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
     """Random images (the side: image_size, unset 224) labelled by a fixed linear teacher on their
     4x4 average-pooled channels: learnable, the same on every rank, no download."""
     import numpy as np
-    size, classes = config.image_size or 224, 10
+    size, classes = config.image_size or unset_default("image_size"), 10
     rng = np.random.RandomState(1234)
     teacher = rng.standard_normal((3 * 16, classes)).astype(np.float32)
     out = []
@@ -124,7 +124,7 @@ def random_batch(config: Config, n: int, features: int, classes: int, rng):
     (unset 224), or `context` byte tokens."""
     import numpy as np
     if config.model in IMAGE_MODELS:
-        shape = image_shape(config, config.image_size or 224)
+        shape = image_shape(config, config.image_size or unset_default("image_size"))
         x = rng.standard_normal((n, *shape)).astype(np.float32)
         return (x, rng.randint(0, classes, n).astype(np.int64)), int(np.prod(shape)), classes, shape
     if config.model == Model.TRANSFORMER_LM.value:

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from toolkit import pins
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -57,7 +58,8 @@ class MetricsLog:
                 SummaryWriter = _summary_writer()
             except ImportError:
                 raise ToolkitError("log_dir writes TensorBoard files with tensorboardX, which is not installed; "
-                                   "run `make setup` (or pip install tensorboardX==2.6.5), or drop log_dir") from None
+                                   f"run `make setup` (or pip install tensorboardX=={pins.TOOLS['tensorboardX']}), "
+                                   "or drop log_dir") from None
             self.folder = Path(config.log_dir)
             self.writer = SummaryWriter(logdir=str(self.folder))
         if config.wandb_project:

@@ -7,7 +7,7 @@ collective. Each session computes the norm on its device (torch `get_total_norm`
 `tf.linalg.global_norm`, an MXNet NDArray sum) and clips there; the toolkit's exchange, whose
 gradients are numpy arrays, uses `clip` below. Where a path has no reduced gradient in hand
 (tf-keras's and the native strategies' optimizers reduce inside `apply_gradients`; Adasum combines
-updates), the guard reads the step's loss instead, and clipping is refused (toolkit/config.py).
+updates), the guard reads the step's loss instead, and clipping is refused (toolkit/config/rules.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Inputs: one worker's step (compute time and gradient shapes) from `toolkit bench` at one worker (a
 bench.json, or the plan runs the bench itself), or a step time given; the cluster as flags or as a
-calibration file (examples/scaling_calibrate.py). Each method's bytes come from the code that counts
+calibration file (benchmarks/scaling_calibrate.py). Each method's bytes come from the code that counts
 `bytes_sent_per_step` in training: Horovod's path counts 4 bytes a value (2 with fp16,
 toolkit/communication.py), and the toolkit's exchanges (bf16, int8, topk, powersgd) are run once
 here on gradients of the model's shapes, through a recorder in place of the collectives, which
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import scaling
-from toolkit.config import Config
+from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
 
 # Horovod's path, then the toolkit's exchanges, then local SGD: the first is the baseline.
@@ -152,7 +152,7 @@ def methods(config: Config, names: list[str], shapes: list, compression_s: float
             method = horovod[name]
             out.append(scaling.with_fusion(method, None if name == "no_fusion" else fusion, cycle))
         elif name == "local_sgd":
-            k = config.local_steps or 4
+            k = config.local_steps or unset_default("local_steps")
             out.append(scaling.Method(f"local_sgd k={k}", "local_sgd", local_steps=k, lossless=False))
         else:
             out.append(record(config, name, shapes, compression_s))

@@ -1,4 +1,6 @@
-"""Framework name -> session class per backend, imported only when chosen, so `import toolkit` stays light.
+"""(framework, backend) -> the session class (the framework's tensor work) and its strategy class (how
+gradients and state move: adapters/strategy.py), imported only when chosen, so `import toolkit` stays
+light. A new backend is one strategy module and one row here.
 
 Availability is decided here, once, from `importlib.util.find_spec` (no framework import).
 What each implementation can do (ops, compressions) is declared here too and checked when the
@@ -23,7 +25,8 @@ FP16_TORCH_ONLY = ("fp16 needs dynamic loss scaling around the allreduce, which 
 
 @dataclass(frozen=True)
 class Implementation:
-    target: str                                  # "module:Class"
+    session: str                                 # "module:Class": the framework's tensor work
+    strategy: str                                # "module:Class": how gradients and state move
     ops: tuple[str, ...] = ALL_OPS               # Config.op values it implements
     compressions: tuple[str, ...] = ALL_COMPRESSIONS
     syncs: tuple[str, ...] = ALL_SYNCS
@@ -51,11 +54,15 @@ class AdapterSpec:
 
 _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("torch", "pip install torch==2.14.1 torchvision==0.29.1 (or run `make setup`)",
-                         {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession", elastic=True, join=True)}),
+                         {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession",
+                                                    "toolkit.adapters.torch.strategies.horovod:TorchHorovod",
+                                                    elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
         "tensorflow", "pip install tensorflow-cpu==2.21.0 (or run `make setup`)",
-        {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession", elastic=True),
-         "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession", ops=("average", "sum"),
+        {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession",
+                                   "toolkit.adapters.tensorflow.strategies.horovod:TensorflowHorovod", elastic=True),
+         "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession",
+                                  "toolkit.adapters.tensorflow.strategies.native:TensorflowNative", ops=("average", "sum"),
                                   compressions=("none",), syncs=("every_step",),
                                   why_not="TensorFlow's collectives have neither Adasum nor compression, "
                                           "and the strategies step in sync; use backend: horovod for them",
@@ -63,7 +70,8 @@ _ADAPTERS: dict[str, AdapterSpec] = {
                                        "all-reduce, not the reduced one",
                                   precisions=("fp32", "bf16"), why_not_precision=FP16_TORCH_ONLY)},
         variants={"horovod/tf_keras": Implementation(
-            "toolkit.adapters.tensorflow.tf_keras:TfKerasSession", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
+            "toolkit.adapters.tensorflow.tf_keras:TfKerasSession",
+            "toolkit.adapters.tensorflow.strategies.tf_keras:TfKerasHorovod", compressions=HOROVOD_COMPRESSIONS, syncs=("every_step",),
             why_not="tf-keras trains through Horovod's own DistributedOptimizer, which has only fp16; "
                     "the toolkit's compressions and local SGD run with keras: keras3",
             why_not_elastic="elastic runs with keras: keras3",
@@ -73,7 +81,9 @@ _ADAPTERS: dict[str, AdapterSpec] = {
                                "model run with keras: keras3" for m in ("resnet18", "resnet50", "transformer_lm")},
             sync_batchnorm="tf-keras's BatchNormalization is not synchronized here; use keras: keras3")}),
     "mxnet": AdapterSpec("mxnet", "pip install mxnet==1.9.1 numpy==1.26.4 (or run `make setup`)",
-                         {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession", ops=("average", "sum"),
+                         {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession",
+                                                    "toolkit.adapters.mxnet.strategies.horovod:MxnetHorovod",
+                                                    ops=("average", "sum"),
                                                     why_not="Horovod's MXNet DistributedTrainer has no Adasum",
                                                     why_not_elastic="Horovod 0.28.1 has no horovod.mxnet.elastic",
                                                     precisions=("fp32", "bf16"),
@@ -101,10 +111,16 @@ def is_available(name: str) -> bool:
     return importlib.util.find_spec(spec(name).package) is not None
 
 
+def _import(target: str):
+    module_name, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module_name), cls)
+
+
 def load(name: str, backend: str = "horovod", keras: str = "keras3"):
-    """The session class for framework `name` on `backend`; a clear error if the framework is missing."""
+    """(session class, strategy class) for framework `name` on `backend`; a clear error if the
+    framework is missing."""
     s = spec(name)
     if not is_available(name):
         raise ToolkitError(f"framework={name!r} is not installed in this Python; {s.install}")
-    module_name, _, cls = s.implementation(backend, keras).target.partition(":")
-    return getattr(importlib.import_module(module_name), cls)
+    implementation = s.implementation(backend, keras)
+    return _import(implementation.session), _import(implementation.strategy)

@@ -1,28 +1,24 @@
-"""MXNet Gluon through Horovod: `hvd.DistributedTrainer`, plus what its API lacks.
+"""MXNet Gluon's tensor work for the session (adapters/base.py, the facade).
 
-MXNet 1.9.1 is the last release (the project is retired upstream). Horovod's MXNet API has no
-`backward_passes_per_step` and no `op`: the session supplies both. Gradients add up over
-`accumulation_steps` micro-batches (`grad_req='add'`), then one allreduce and one step
-(`Trainer.step(samples)`: the mean over every sample of the k micro-batches, as one large batch);
-`op: sum` is the average times the world size, passed through `Trainer.step`'s batch size. Adasum
-is refused at config time (see toolkit/registry.py). The session's optimizer is Gluon's Trainer
-(what a Gluon user steps); with the toolkit's exchange (compression bf16/int8/topk/powersgd, local SGD) it
-is a plain local `gluon.Trainer` and toolkit/communication.py moves the gradients. A Gluon loss
-gives one value per sample: `backward(loss)` counts them. Loaders: numpy `(x, y)` arrays, or a
-Gluon `Dataset` read by Gluon's DataLoader with the toolkit's sampler as its batch sampler.
+MXNet 1.9.1 is the last release (the project is retired upstream). How gradients move is the
+strategy's (adapters/mxnet/strategies/horovod.py: Horovod's DistributedTrainer, plus the
+accumulation and op its API lacks); bf16 is adapters/mxnet/precision.py (AMP). The session's
+optimizer is Gluon's Trainer (what a Gluon user steps). A Gluon loss gives one value per sample:
+`backward(loss)` counts them. Loaders: numpy `(x, y)` arrays, or a Gluon `Dataset` read by Gluon's
+DataLoader with the toolkit's sampler as its batch sampler.
 """
 from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
 from toolkit import numerics
-from toolkit.adapters.base import Session, Topology
-from toolkit.adapters.horovod import gpu_for_local_rank, reduction, require_gpu_if_asked, start_horovod, threads_per_rank
-from toolkit.config import Op, Optimizer
+from toolkit.adapters.base import Session
+from toolkit.adapters.horovod import threads_per_rank
+from toolkit.adapters.mxnet.precision import Precision, float32 as _float32
+from toolkit.config import Optimizer
 from toolkit.errors import ToolkitError
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
@@ -36,34 +32,17 @@ PARAMS_FILE = "model.params"
 STATES_FILE = "trainer.states"
 
 
-def _amp_bf16() -> None:
-    """precision bf16: MXNet's AMP (mxnet.contrib.amp) casts the inputs of its bf16 operators
-    (convolutions, dense layers) to bfloat16 in every model built after this; parameters, their
-    gradients (what Horovod reduces) and BatchNorm stay float32. Once per process."""
-    from mxnet.contrib import amp
-    if not getattr(amp.amp, "_amp_initialized", False):
-        amp.init(target_dtype="bfloat16")
-
-
-def _float32(array):
-    """Outputs of a bf16 model (AMP) as float32, for the loss and the accuracy."""
-    return array if array.dtype == np.float32 else array.astype("float32")
-
-
 class MxnetSession(Session):
     name = "mxnet"
-    path = "horovod.mxnet DistributedTrainer"
+    accumulate = False      # gradients add up in .grad (set by the strategy's wrap)
+    _samples = 0
 
-    def _start(self, comm=None) -> Topology:
-        self.hvd = hvd = start_horovod(self.config, "horovod.mxnet", "mxnet", comm=comm)
-        gpus = mx.context.num_gpus()
-        require_gpu_if_asked(gpus > 0)
-        gpu = gpu_for_local_rank(gpus, hvd.local_rank(), hvd.local_size(), self.config.allow_cpu)
-        self.ctx = mx.gpu(gpu) if gpu is not None else mx.cpu()
-        self._samples = 0
-        if self.config.precision.value == "bf16":
-            _amp_bf16()
-        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(self.ctx))
+    @property
+    def ctx(self):
+        return self.strategy.ctx
+
+    def _make_precision(self):
+        return Precision(self.config.precision.value)     # bf16: AMP, before any model is built
 
     def _seed(self, seed: int) -> None:
         random.seed(seed)
@@ -89,10 +68,6 @@ class MxnetSession(Session):
                                "deferred initialisation); give the layers in_units/in_channels, or run the model "
                                "once on a batch before setup")
         self.params = params
-        # micro-batches add into the gradients; one micro-batch a step overwrites them (no zeroing)
-        self._accumulate = self.config.accumulation_steps > 1 or self.config.toolkit_exchange
-        for p in self._trainable():
-            p.grad_req = "add" if self._accumulate else "write"
         return model
 
     def _trainable(self) -> list:
@@ -108,40 +83,6 @@ class MxnetSession(Session):
         return self._softmax_ce(_float32(logits), labels)
 
     _softmax_ce = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def _wrap(self) -> None:
-        """The optimizer becomes the Trainer of the model's parameters (Horovod's, or a local one)."""
-        hvd, c = self.hvd, self.config
-        params = {name: p for name, p in self.params.items() if p.grad_req != "null"}
-        if isinstance(self.optimizer, gluon.Trainer):
-            raise ToolkitError("session.setup(model, optimizer): give MXNet an mx.optimizer.Optimizer (or None for "
-                               "the config's); the session makes the Trainer")
-        if c.toolkit_exchange:
-            self.optimizer = gluon.Trainer(params, self.optimizer, kvstore=None, update_on_kvstore=False)
-        else:
-            compression, _ = reduction(hvd, c)      # Horovod's trainer has no op: sum is the step divisor below
-            self.optimizer = hvd.DistributedTrainer(params, self.optimizer, compression=compression)
-        # Trainer.step(n) scales gradients by 1/n and Horovod averages over ranks; for `sum`
-        # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
-        self.step_divisor = 1.0 / hvd.size() if c.op is Op.SUM else 1.0
-
-    def broadcast(self, root: int = 0) -> None:
-        self.hvd.broadcast_parameters(self.params, root_rank=root)
-        # A sync point, as Horovod itself once had here (horovod PR #793): the in-place broadcasts
-        # run asynchronously on MXNet's engine; the trainer's own init broadcast (in save_states /
-        # the first step) must not overlap them. A rare SIGSEGV in EnqueueTensorBroadcast was seen
-        # in CI without it.
-        mx.nd.waitall()
-        # Optimizer state (momentum, Adam moments): rank 0's, through the trainer's own format.
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, STATES_FILE)
-            if self.rank == root:
-                self.optimizer.save_states(path)
-            blob = self.broadcast_object(Path(path).read_bytes() if self.rank == root else None,
-                                         name="toolkit.trainer_states", root=root)
-            if self.rank != root:
-                Path(path).write_bytes(blob)
-                self.optimizer.load_states(path)
 
     def set_lr(self, lr: float) -> None:
         self.optimizer.set_learning_rate(lr)
@@ -192,32 +133,22 @@ class MxnetSession(Session):
         self._zero_grad()
 
     def _reduce_and_apply(self, samples: int, loss) -> None:
-        """Trainer.step, or (clip_grad_norm) its two halves, allreduce_grads and update, with the
-        reduced gradient's norm and clipping between them: the gradient applied is .grad x `_scale`
-        / batch (the Trainer's rescale_grad; Horovod folds 1/size into `_scale` when it averages in
-        the framework). nan_guard: the step's loss averaged over the ranks, queued beside it."""
-        batch = samples * self.step_divisor
-        if not self.measures_norm:
-            self.optimizer.step(batch)
-        else:
-            self._clipped_step(batch)
-        if self.reduces_loss:       # queued after the gradients' allreduces (often the same Horovod cycle);
-            # two names: the guard reads a step's value one step late, so two may be in flight
-            name = f"toolkit.step_loss.{self.global_step % 2}"
-            self.step_loss = self.hvd.allreduce(loss.reshape((1,)), average=True, name=name) if self.size > 1 else loss
+        """The facade's step with the Trainer's batch: the gradient applied is .grad x `_scale` / batch
+        (the Trainer's rescale_grad; Horovod folds 1/size into `_scale` when it averages)."""
+        super()._reduce_and_apply(loss, batch=samples * self.strategy.step_divisor)
 
-    def _clipped_step(self, batch: float) -> None:
-        self.optimizer.allreduce_grads()
+    def _clip_gradients(self, max_norm: float, batch: float):
+        """The reduced gradient's norm as it will be applied (x `_scale` / batch), and .grad clipped."""
         grads = [p.grad(self.ctx) for p in self._trainable()]
         scale = self.optimizer._scale / batch
-        self.grad_norm = norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
-        if (factor := numerics.clip_factor(norm, self.config.clip_grad_norm)) is not None:
+        norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
+        if (factor := numerics.clip_factor(norm, max_norm)) is not None:
             for g in grads:
                 g *= factor
-        self.optimizer.update(batch)
+        return norm
 
     def _zero_grad(self) -> None:
-        if self._accumulate:
+        if self.accumulate:
             for p in self._trainable():
                 p.zero_grad()
         self._samples = 0
@@ -292,19 +223,3 @@ class MxnetSession(Session):
 
     def replica_parameters(self) -> list[list]:
         return [[p.data(self.ctx).asnumpy() for p in self.params.values()]]
-
-    # -- collectives on numpy -----------------------------------------------------------------------------
-    def allreduce(self, array, average: bool = True, name: str | None = None):
-        array = np.ascontiguousarray(array)
-        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average, name=name)
-        return out.asnumpy()
-
-    def allgather(self, array):
-        array = np.ascontiguousarray(array)
-        return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype)).asnumpy()
-
-    def broadcast_object(self, obj, name: str, root: int = 0):
-        out = super().broadcast_object(obj, name, root)
-        mx.nd.waitall()   # MXNet runs it asynchronously: the root must not move on (or exit) before it is sent
-        return out
-

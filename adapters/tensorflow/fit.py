@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from toolkit.adapters.horovod import import_horovod
-from toolkit.adapters.tensorflow.session import allreduce_gradients
+from toolkit.adapters.tensorflow.strategies.horovod import allreduce_gradients
 
 
 def _hvd():

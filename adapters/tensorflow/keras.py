@@ -44,27 +44,19 @@ def load_arrays(path: Path) -> list:
 
 
 class KerasSession(Session):
-    """Keras 3 parts of a session; subclasses add the communication (`_start`, `_wrap`, `broadcast`,
-    the collectives) and the steps that reduce gradients."""
+    """Keras 3 parts of a session; subclasses add the steps that reduce gradients (with the strategy)."""
     keras = keras
 
     def _seed(self, seed: int) -> None:
         self.keras.utils.set_random_seed(seed)
 
-    def _set_precision(self) -> None:
-        """precision bf16: Keras's mixed_bfloat16 policy for every model built after start (bf16
-        compute, float32 variables, so float32 gradients on the wire); the loss in float32."""
-        policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}.get(self.config.precision.value, "float32")
-        self.keras.mixed_precision.set_global_policy(policy)
-
-    _loss_scale = None      # fp16 (session.py): the dynamic loss scale, whose gradients are taken
+    def _make_precision(self):
+        """The config's mixed policy for every model built after start; fp16's loss scale."""
+        from toolkit.adapters.tensorflow.precision import Precision
+        return Precision(self.config.precision.value, self.keras)
 
     def _gradients(self, tape, loss, variables):
-        """The tape's gradients of `loss`; with fp16, of loss x the loss scale (output_gradients: the
-        scale enters the backward pass, so small fp16 gradients do not flush to zero)."""
-        if self._loss_scale is None:
-            return tape.gradient(loss, variables)
-        return tape.gradient(loss, variables, output_gradients=tf.cast(self._loss_scale.scale, loss.dtype))
+        return self.precision.gradients(tape, loss, variables)
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.tensorflow import models
@@ -78,7 +70,7 @@ class KerasSession(Session):
                                "(keras.Input(...) as its first layer, or model.build(input_shape))")
         if self.config.sync_batchnorm:      # batch statistics over every replica (batchnorm.py)
             from toolkit.adapters.tensorflow import batchnorm
-            batchnorm.synchronize(model, getattr(self, "hvd", None))
+            batchnorm.synchronize(model, getattr(self.strategy, "hvd", None))
         return model
 
     def _make_optimizer(self, model):
@@ -190,6 +182,7 @@ class KerasSession(Session):
     def _save_objects(self, folder: Path) -> None:
         save_arrays(folder / WEIGHTS_FILE, self.model.get_weights())
         save_arrays(folder / OPTIMIZER_FILE, [v.numpy() for v in self.optimizer.variables])
+        self.precision.save(folder, save_arrays)
 
     def _load_objects(self, folder: Path) -> None:
         self.model.set_weights(load_arrays(folder / WEIGHTS_FILE))
@@ -199,6 +192,7 @@ class KerasSession(Session):
                              f"{len(self.optimizer.variables)} (another optimizer or model?)")
         for v, value in zip(self.optimizer.variables, state):
             v.assign(value)
+        self.precision.load(folder, load_arrays)
 
     def snapshot(self):
         return [v.numpy() for v in self.model.variables + list(self.optimizer.variables)]

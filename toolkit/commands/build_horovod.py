@@ -1,4 +1,6 @@
-"""`toolkit build-horovod`: Horovod 0.28.1 built against this environment's frameworks, cached."""
+"""`toolkit build-horovod`: Horovod (the version toolkit/pins.py pins) built against this environment's frameworks,
+cached."""
+from toolkit import pins
 
 
 def register(sub) -> None:
@@ -13,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("--no-gloo", action="store_true", help="build without the Gloo controller")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra build variable, e.g. HOROVOD_DEBUG=1 (repeatable)")
-    p.add_argument("--sdist", default=None, help="a local horovod sdist instead of fetching horovod==0.28.1")
+    p.add_argument("--sdist", default=None, help=f"a local horovod sdist instead of fetching horovod=={pins.HOROVOD}")
     p.add_argument("--force", action="store_true", help="rebuild even when the cache holds this build")
     p.add_argument("--cuda-arch", default=None, metavar="LIST",
                    help="GPU builds: compute capabilities, e.g. 80,90 (default: the GPUs present, else 75-90)")

@@ -1,0 +1,83 @@
+"""A strategy: how gradients and state move between the ranks, decided once for a session.
+
+The session (adapters/base.py, the facade) does the tensor work of its framework; its strategy,
+chosen by the registry from (framework, backend), answers everything that crosses ranks:
+
+    start       init the ranks' group, pick this rank's device -> Topology
+    wrap        the optimizer wrapped for the strategy's reduce (or left local for the toolkit's exchange)
+    broadcast   rank `root`'s model and optimizer state to every rank
+    reduce      the step's gradients reduced (the facade calls it at its place in the step's order)
+    collectives allreduce / allgather of arrays, broadcast_object / allgather_object, join, elastic
+
+Which path moves a step's gradients (the backend's own reduce, or the toolkit's exchange:
+compression, PowerSGD, DGC, local SGD, over the backend's collectives) is decided here, once
+(`exchange`), and nowhere else. What a strategy cannot do it refuses in one line (`refuse`).
+Adding a backend is one strategy module and one registry row (toolkit/registry.py).
+"""
+from __future__ import annotations
+
+import abc
+
+from toolkit.errors import ToolkitError
+
+
+class Strategy(abc.ABC):
+    name: str = ""          # the backend: "horovod", "native", ...
+    path: str = ""          # how it trains, in a few words (the JSON summary's "path")
+
+    def __init__(self, config):
+        self.config = config
+        # The toolkit's exchange (toolkit/communication.py) moves the gradients over this strategy's
+        # collectives; else the backend reduces them itself (Horovod's distributed optimizer, ...).
+        self.exchange: bool = config.toolkit_exchange
+
+    # -- start --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self, comm=None):
+        """Init (on the mpi4py communicator `comm` where the backend takes one), threads, this rank's
+        device; returns the Topology."""
+
+    def refresh(self, topology):
+        """The topology after the job was re-formed (elastic); unchanged where it cannot change."""
+        return topology
+
+    # -- the user's objects ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def wrap(self, session) -> None:
+        """session.optimizer wrapped for this strategy's reduce (unchanged when the exchange reduces)."""
+
+    @abc.abstractmethod
+    def broadcast(self, session, root: int = 0) -> None:
+        """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
+
+    def communication(self, session):
+        """The object that counts and (for the exchange) moves a step's gradients: toolkit/communication.py."""
+        from toolkit import communication
+        return communication.for_session(self.config, session, exchange=self.exchange)
+
+    # -- collectives ---------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        """numpy array (or a tensor of the framework) in, the same kind out, summed or averaged over ranks."""
+
+    @abc.abstractmethod
+    def allgather(self, array):
+        """1-D array in (any length per rank), the ranks' arrays concatenated in rank order out."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj, name: str) -> list: ...
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj, name: str, root: int = 0): ...
+
+    def join(self) -> int:
+        raise self.refuse("join")
+
+    def elastic_run(self, func):
+        raise self.refuse("elastic training")
+
+    def on_reset(self, session) -> None:
+        """After the job was re-formed with other workers (elastic)."""
+
+    def refuse(self, what: str) -> ToolkitError:
+        return ToolkitError(f"backend={self.name} ({self.config.framework}) has no {what}; see toolkit/registry.py")

@@ -1,0 +1,61 @@
+"""Legacy Keras 2 (the tf-keras package) on Horovod's own `horovod.tensorflow.keras`.
+
+Horovod's Keras module does `from keras import backend` and `from tensorflow import keras`: on TF
+>= 2.16 both are Keras 3 and it fails (horovod#4290). It works when `TF_USE_LEGACY_KERAS=1` is set
+before TensorFlow is imported (adapters/tensorflow/tf_keras.py does) and `keras` is aliased to
+`tf_keras` before Horovod's module is imported (`import_horovod_keras`). Then Horovod's Keras pieces
+are used as their authors meant: `hvd.DistributedOptimizer(backward_passes_per_step=k,
+average_aggregated_gradients=True)` inside Keras's compiled `train_on_batch` (what `model.fit` runs).
+"""
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+
+from toolkit.adapters.base import Topology
+from toolkit.adapters.horovod import import_horovod
+from toolkit.adapters.tensorflow.strategies.horovod import TensorflowHorovod
+from toolkit.errors import ToolkitError
+
+
+def import_horovod_keras():
+    """`horovod.tensorflow.keras`, made to import on TF 2.21: it must see tf-keras as `keras`."""
+    if getattr(tf.keras, "__name__", "").split(".")[0] != "tf_keras":
+        raise ToolkitError("keras=tf_keras: TensorFlow was imported before TF_USE_LEGACY_KERAS=1 was set, so "
+                           "tf.keras is Keras 3; set TF_USE_LEGACY_KERAS=1 in the environment before starting")
+    import tf_keras
+    sys.modules["keras"] = tf_keras
+    return import_horovod("horovod.tensorflow.keras", "tensorflow")
+
+
+class TfKerasHorovod(TensorflowHorovod):
+    path = "tf-keras through horovod.tensorflow.keras DistributedOptimizer"
+
+    def start(self, comm=None) -> Topology:
+        topology = super().start(comm)
+        self.hvd_keras = import_horovod_keras()
+        return topology
+
+    def wrap(self, session) -> None:
+        compression, op = self.reduction()
+        session.optimizer = self.hvd_keras.DistributedOptimizer(
+            session.optimizer, compression=compression, op=op, backward_passes_per_step=self.config.accumulation_steps,
+            average_aggregated_gradients=True)   # k micro-batch means -> their mean: the large batch
+        session.optimizer.build(session.model.trainable_variables)   # state exists on every rank, for broadcast
+        session.model.compile(optimizer=session.optimizer, loss=lambda y, logits: session.loss_fn(logits, y))
+
+    def broadcast(self, session, root: int = 0) -> None:
+        self.hvd.broadcast_variables(session.model.variables + list(session.optimizer.variables), root_rank=root)
+
+    # -- model.fit: Horovod's own tf-keras pieces ----------------------------------------------------------
+    def fit_optimizer(self, session, optimizer=None):
+        import tf_keras
+        from toolkit.adapters.tensorflow.keras import make_optimizer
+        compression, op = self.reduction()
+        return self.hvd_keras.DistributedOptimizer(optimizer or make_optimizer(self.config, tf_keras),
+                                                   compression=compression, op=op)
+
+    def fit_callbacks(self) -> list:
+        hvd = self.hvd_keras
+        return [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]

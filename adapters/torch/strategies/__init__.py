@@ -1,0 +1,1 @@
+"""How gradients and state move for torch: one module per backend (adapters/strategy.py)."""

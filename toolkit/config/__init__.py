@@ -1,0 +1,33 @@
+"""One frozen, validated `Config` for every framework (docs/CONFIG.md lists every key).
+
+Sources, lowest to highest: defaults < YAML file (`--config`) < `TOOLKIT_*` environment < CLI flags.
+Only what a source really sets is merged. Every field is also a flag (`accumulation_steps` ->
+`--accumulation-steps`) and an environment variable (`TOOLKIT_ACCUMULATION_STEPS`).
+Bad input raises `ToolkitError` with one line naming the key, where it came from, and the fix.
+
+    enums.py    the str enums of the fixed choices
+    groups.py   the keys: one small dataclass per group, default in the field, help in its metadata
+    schema.py   `Config`, the flat frozen dataclass composed from the groups
+    rules.py    validation: one key's range, keys across groups, what the framework and backend implement
+    derived.py  the defaults that depend on other keys, filled in by a step that returns a new Config
+    sources.py  YAML, TOOLKIT_* environment, flags, and their merge (`resolve`, `load`)
+    docs.py     docs/CONFIG.md, generated from the fields (`python -m toolkit.config.docs`)
+"""
+from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
+                    LrScaling, Model, Op, Optimizer, Precision, Strategy, Sync)
+from .groups import (ELASTIC_KEYS, GROUP_CLASSES, GROUPS, ORDER, CheckpointConfig, CommunicationConfig,
+                     ElasticConfig, HorovodConfig, LaunchConfig, ParameterServerConfig, PrecisionConfig,
+                     WorkloadConfig, _example, _f, _plain, flag, unset_default)
+from .rules import _bad, _rank_values, is_reference, on_disk
+from .schema import Config
+from .sources import (_FALSE, _TRUE, ENV_PREFIX, ENV_RESERVED, _base_type, _coerce, _field, add_arguments,
+                      flatten_groups, load, read_env, read_yaml, resolve)
+
+__all__ = [
+    "Backend", "CheckpointConfig", "CommunicationConfig", "Compression", "Config", "Dataset", "ELASTIC_KEYS",
+    "ENV_PREFIX", "ENV_RESERVED", "ElasticConfig", "GROUPS", "GROUP_CLASSES", "HorovodConfig", "IMAGE_MODELS",
+    "Keras", "LaunchConfig", "LrScaling", "Model", "ON_DISK", "ORDER", "Op", "Optimizer", "PS_SYNCS",
+    "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync", "TOOLKIT_COMPRESSIONS",
+    "WorkloadConfig", "add_arguments", "flag", "flatten_groups", "is_reference", "load", "on_disk", "read_env",
+    "read_yaml", "resolve", "unset_default",
+]

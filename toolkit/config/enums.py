@@ -1,0 +1,82 @@
+"""The str-valued enums of the config's fixed choices, and the named sets of them other modules test against."""
+from __future__ import annotations
+
+import enum
+
+
+class Backend(str, enum.Enum):
+    HOROVOD = "horovod"
+    NATIVE = "native"       # the framework's own strategy (TensorFlow)
+
+
+class Dataset(str, enum.Enum):
+    DIGITS = "digits"       # the real 8x8 handwritten digits that scikit-learn ships
+    SYNTHETIC = "synthetic"
+
+
+class Model(str, enum.Enum):
+    MLP = "mlp"
+    LINEAR = "linear"
+    RESNET18 = "resnet18"               # the frameworks' model zoos (Keras: built from its layers)
+    RESNET50 = "resnet50"
+    TRANSFORMER_LM = "transformer_lm"   # a small decoder-only language model (causal self-attention)
+
+
+IMAGE_MODELS = (Model.RESNET18.value, Model.RESNET50.value)
+# Datasets read from disk by each framework's own readers (toolkit/ondisk.py): `KIND:PATH`.
+ON_DISK = ("imagefolder", "cifar10", "text")
+
+
+class Optimizer(str, enum.Enum):
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+class LrScaling(str, enum.Enum):
+    NONE = "none"
+    LINEAR = "linear"       # lr * world_size (Goyal et al.)
+    SQRT = "sqrt"           # lr * sqrt(world_size)
+
+
+class Compression(str, enum.Enum):
+    NONE = "none"
+    FP16 = "fp16"           # Horovod's own, inside its allreduce
+    BF16 = "bf16"           # the rest are the toolkit's (toolkit/compression.py)
+    INT8 = "int8"
+    TOPK = "topk"
+    POWERSGD = "powersgd"
+
+
+TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK, Compression.POWERSGD)
+
+
+class Sync(str, enum.Enum):
+    EVERY_STEP = "every_step"   # gradients exchanged every optimizer step
+    LOCAL_SGD = "local_sgd"     # local_steps local steps, then the models are averaged
+    ASYNC_PS = "async_ps"       # parameter server (toolkit/ps.py), workers never wait for each other
+    SSP = "ssp"                 # parameter server, no worker more than `staleness` steps ahead
+
+
+PS_SYNCS = (Sync.ASYNC_PS, Sync.SSP)
+
+
+class Keras(str, enum.Enum):
+    KERAS3 = "keras3"       # Keras 3, TensorFlow's default since 2.16
+    TF_KERAS = "tf_keras"   # legacy Keras 2 (the tf-keras package), through horovod.tensorflow.keras
+
+
+class Strategy(str, enum.Enum):
+    MIRRORED = "mirrored"                           # one process, several devices
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"  # one process per worker, TF_CONFIG
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"           # autocast / a mixed policy; no loss scaling needed
+    FP16 = "fp16"           # autocast with dynamic loss scaling (torch's GradScaler)
+
+
+class Op(str, enum.Enum):
+    AVERAGE = "average"
+    SUM = "sum"
+    ADASUM = "adasum"

@@ -1,0 +1,198 @@
+"""Where keys come from, lowest to highest: defaults < YAML file (`--config`) < `TOOLKIT_*` environment < CLI
+flags. Only what a source really sets is merged. Every field is also a flag (`accumulation_steps` ->
+`--accumulation-steps`) and an environment variable (`TOOLKIT_ACCUMULATION_STEPS`). A raw value becomes the
+field's type here (`_coerce`), or a one-line ToolkitError naming the key, where it came from, and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import enum
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from toolkit.errors import ToolkitError
+
+from .enums import Backend, Keras
+from .groups import GROUPS, _example, _plain, flag
+from .groups import base_type as _key_type
+from .schema import Config
+
+ENV_PREFIX = "TOOLKIT_"
+# TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
+ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_REQUIRE_MULTIHOST"})
+
+
+def _base_type(f: dataclasses.Field):
+    """(the field's type without Optional, whether None is allowed)."""
+    return _key_type(f.name)
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce(f: dataclasses.Field, raw, source: str):
+    """Turn a YAML, environment or CLI value into the field's type, or say what was expected."""
+    kind, optional = _base_type(f)
+    where = f" (from {source})"
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
+        return None
+    text = raw.strip() if isinstance(raw, str) else raw
+    try:
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            return kind(str(text).lower())
+        if "choices" in f.metadata:
+            choices = f.metadata["choices"]()
+            if str(text) not in choices:
+                raise ToolkitError(f"{f.name}={raw!r}{where} not found. Available: {', '.join(choices)}")
+            return str(text)
+        if kind is bool:
+            if isinstance(text, bool):
+                return text
+            if str(text).lower() in _TRUE | _FALSE:
+                return str(text).lower() in _TRUE
+            raise ValueError
+        if kind is int:
+            if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+                raise ValueError
+            return int(text)
+        if kind is float:
+            if isinstance(text, bool):
+                raise ValueError
+            return float(text)
+        if kind is str:
+            if not isinstance(text, (str, int, float)) or isinstance(text, bool):
+                raise ValueError
+            return str(text)
+    except (ValueError, TypeError):
+        pass
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind)
+    if expected is None:
+        expected = "one of: " + ", ".join(m.value for m in kind)
+    raise ToolkitError(f"{f.name}={raw!r}{where} must be {expected}; e.g. {flag(f.name)} {_example(f.name)}")
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ToolkitError(f"--config {path}: file not found; check the path")
+    text = p.read_text()
+    if not text.strip():
+        raise ToolkitError(f"--config {path}: the file is empty; write at least one key, e.g. `epochs: 5`")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ToolkitError(f"--config {path}: invalid YAML{at}: {problem}") from None
+    if data is None:
+        raise ToolkitError(f"--config {path}: no keys (only comments?); write at least one, e.g. `epochs: 5`")
+    if not isinstance(data, dict):
+        raise ToolkitError(f"--config {path}: expected `key: value` lines at the top level, "
+                           f"got a {type(data).__name__}")
+    return flatten_groups(data, f"--config {path}")
+
+
+def flatten_groups(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`elastic: {min_np: 2}` -> `elastic_min_np: 2` (a YAML group is its keys with a prefix)."""
+    out = {}
+    for key, value in data.items():
+        if key not in GROUPS:
+            out[key] = value
+            continue
+        if not isinstance(value, dict):
+            raise ToolkitError(f"{source}: `{key}` is a group of keys ({', '.join(GROUPS[key])}); write e.g. "
+                               f"`{key}: {{{GROUPS[key][0]}: 2}}`")
+        for sub, v in value.items():
+            if sub not in GROUPS[key]:
+                near = difflib.get_close_matches(str(sub), GROUPS[key], n=1)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                raise ToolkitError(f"{source}: unknown key {key}.{sub}; {hint}allowed: {', '.join(GROUPS[key])}")
+            out[f"{key}_{sub}"] = v
+    return out
+
+
+def read_env(environ: Mapping[str, str]) -> dict[str, str]:
+    names = {f.name for f in dataclasses.fields(Config)}
+    values = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in ENV_RESERVED:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {ENV_PREFIX}{near[0].upper()}? " if near else ""
+            raise ToolkitError(f"environment: unknown variable {key}; {hint}unset it or use one of "
+                               f"{ENV_PREFIX}<FIELD> for the fields in `toolkit config show`")
+        values[name] = value
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config` plus one flag per field. Defaults are SUPPRESSed so only what the user set exists."""
+    parser.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS,
+                        help="YAML file of config keys (below flags and TOOLKIT_* in precedence)")
+    group = parser.add_argument_group("config (also YAML keys and TOOLKIT_<KEY> variables)")
+    for f in dataclasses.fields(Config):
+        kind, _ = _base_type(f)
+        help_text = f.metadata["help"] + f" (default: {_plain(f.default)})"
+        if kind is bool:
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+            continue
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            help_text += " {" + ",".join(m.value for m in kind) + "}"
+        elif "choices" in f.metadata:
+            help_text += " {" + ",".join(f.metadata["choices"]()) + "}"
+        group.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=argparse.SUPPRESS,
+                           help=help_text)
+
+
+def load(source: "str | os.PathLike | Mapping[str, Any] | Config | None" = None, **keys) -> Config:
+    """The config of `toolkit.start(...)`: a YAML file's path, a dict of keys, a Config, or nothing;
+    then TOOLKIT_* variables; then `keys` (keyword arguments win, as flags do on the command line)."""
+    if isinstance(source, Config):
+        return dataclasses.replace(source, **{k: _coerce(_field(k, "start()"), v, "start()") for k, v in keys.items()})
+    if source is None or isinstance(source, Mapping):
+        return resolve(keys, base=dict(source or {}))
+    return resolve({"config": str(source), **keys})
+
+
+def _field(name: str, source: str) -> dataclasses.Field:
+    kinds = {f.name: f for f in dataclasses.fields(Config)}
+    if name not in kinds:
+        Config.from_dict({name: None}, source=source)      # words the error (nearest key, allowed keys)
+    return kinds[name]
+
+
+def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None) -> Config:
+    """defaults < `base` (a dict of keys) < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`."""
+    cli = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
+    names = {f.name for f in dataclasses.fields(Config)}
+    path = cli.pop("config", None)
+    merged: dict[str, tuple[Any, str]] = {}
+    if base:
+        merged.update({k: (v, "start()") for k, v in flatten_groups(base, "start()").items()})
+    if path is not None:
+        merged.update({k: (v, path) for k, v in read_yaml(path).items()})
+    environ = os.environ if environ is None else environ
+    merged.update({k: (v, f"{ENV_PREFIX}{k.upper()}") for k, v in read_env(environ).items()})
+    merged.update({k: (v, flag(k)) for k, v in cli.items() if k in names})
+    kinds = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = [k for k in merged if k not in kinds]
+    if unknown:
+        # from_dict words the message (nearest key, allowed keys)
+        Config.from_dict({unknown[0]: None}, source=merged[unknown[0]][1])
+    values = {k: _coerce(kinds[k], v, src) for k, (v, src) in merged.items()}
+    if ("keras" not in values and values.get("framework") == "tensorflow"
+            and values.get("backend", Backend.HOROVOD) is Backend.HOROVOD
+            and str(environ.get("TF_USE_LEGACY_KERAS", "")).lower() in _TRUE):
+        values["keras"] = Keras.TF_KERAS     # TensorFlow's own switch for legacy Keras, honoured
+    return Config(**values)
