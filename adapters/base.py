@@ -28,12 +28,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from toolkit import checkpoint, numerics, preemption, schedule
+from toolkit import checkpoint, messages, numerics, preemption, schedule
 from toolkit.data import Sampler, is_arrays
 from toolkit.errors import ToolkitError
 
@@ -218,12 +217,15 @@ class Session(abc.ABC):
         self._seed(self.config.seed)
         return self.model, self.optimizer
 
-    def loader(self, data, batch_size: int | None = None, shuffle: bool = True, train: bool = True) -> Loader:
+    def loader(self, data, batch_size: int | None = None, shuffle: bool = True, train: bool = True,
+               shard: bool = True) -> Loader:
         """This rank's share of `data` (numpy `(x, y)` arrays or the framework's dataset), in
         micro-batches of `batch_size` (default: the config's) on this rank's device. `train=False`:
-        in order, every sample once across the ranks, nothing dropped (evaluation)."""
+        in order, every sample once across the ranks, nothing dropped (evaluation). `shard=False`:
+        every sample on this rank (one rank's own evaluation, with `evaluate(collective=False)`)."""
+        world, mine = (self.world_size, self._my_replicas()) if shard else (1, range(1))
         sampler = Sampler(self._length(data), batch_size or self.config.batch_size,
-                          self.config.accumulation_steps if train else 1, self.world_size, self._my_replicas(),
+                          self.config.accumulation_steps if train else 1, world, mine,
                           self.config.seed, train=train, shuffle=shuffle)
         loader = Loader(self, data, sampler, self._batches)
         if train:
@@ -344,18 +346,22 @@ class Session(abc.ABC):
         return schedule.lr_at(self.config, self.world_size, step, steps_per_epoch)
 
     # -- measuring --------------------------------------------------------------------------------------
-    def evaluate(self, loader: Loader) -> tuple[float, float | None]:
+    def evaluate(self, loader: Loader, collective: bool = True) -> tuple[float, float | None]:
         """(mean loss, accuracy) of the setup model over every rank's share of `loader`'s data (a
-        collective). Accuracy: argmax of 2-D outputs against integer labels, else None."""
+        collective). Accuracy: argmax of 2-D outputs against integer labels, else None.
+        `collective=False`: this rank's own model on what its loader holds, nothing exchanged (a
+        parameter-server worker's view between epochs)."""
         import numpy as np
-        self.sync_buffers()
+        if collective:
+            self.sync_buffers()
         self._train_mode(False)
         totals = np.zeros(4, np.float64)          # loss sum, correct, count, batches without accuracy
         for batches in loader.steps():
             for x, y in batches:
                 totals += self._evaluate_batch(x, y)
         self._train_mode(True)
-        loss_sum, correct, count, no_accuracy = self.allreduce(totals, average=False, name="toolkit.evaluate")
+        loss_sum, correct, count, no_accuracy = (self.allreduce(totals, average=False, name="toolkit.evaluate")
+                                                 if collective else totals)
         if not count:
             return float("nan"), None
         return loss_sum / count, (None if no_accuracy else correct / count)
@@ -504,9 +510,7 @@ class Session(abc.ABC):
         return meta
 
     def _say(self, message: str) -> None:
-        if self.is_main and not self.config.quiet:
-            sys.stderr.write(message + "\n")
-            sys.stderr.flush()
+        messages.say(self.rank, message, self.config.quiet)
 
     # -- collectives: the strategy's ------------------------------------------------------------------
     # Object collectives always carry a name: Horovod names them after type(obj) unless told, and

@@ -35,7 +35,7 @@ A, N = "tests/test_api.py", "tests/test_numerics.py"
 W = "tests/test_workloads.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
-           (("toolkit/trainer.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
+           (("toolkit/run.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
            (f"{D}::test_resume_reaches_the_uninterrupted_parameters[torch]",)),
     Mutant("resume-ps-from-zero", "parameter-server checkpoints resume (servers reload their shards)",
            (("toolkit/ps.py", '        self.version = int(meta["step"])', "        self.version = 0"),),
@@ -117,8 +117,8 @@ MUTANTS = [
              "        if len(candidates) < k:\n            return candidates\n"),),
            ("tests/test_compression.py::test_topk_on_a_large_buffer_is_still_exactly_the_k_largest",)),
     Mutant("two-line-error", "bad input is exactly one line on stderr",
-           (("toolkit/errors.py", """sys.stderr.write(f"toolkit: {getattr(error, 'label', 'error')}: {error}\\n")""",
-             """sys.stderr.write(f"toolkit: {getattr(error, 'label', 'error')}: {error}\\nsee the README\\n")"""),),
+           (("toolkit/messages.py", '    write(line(getattr(error, "label", "error"), error))',
+             '    write(line(getattr(error, "label", "error"), error) + "\\nsee the README")'),),
            ("tests/test_cli_errors.py::test_bad_flags",)),
     Mutant("tf-noise", "TensorFlow's C++ start-up logs stay off stderr",
            (("toolkit/quiet.py", "    return bool(NOISE.match(line) or (after_noise and CONTINUATION.match(line)))",

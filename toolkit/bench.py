@@ -60,10 +60,10 @@ def measure(config: Config, options: Options) -> dict | None:
     """Time the toolkit's step on this rank; rank 0 returns every worker's rates, the others None."""
     import numpy as np
 
-    from toolkit import api
+    from toolkit import run
     from toolkit.data import random_batch
 
-    session = api.start(config)
+    session = run.start(config)
     rng = np.random.RandomState(config.seed)
     n = config.batch_size * config.accumulation_steps * session.world_size      # one step of every replica
     data, features, classes, shape = random_batch(config, n, options.features, options.classes, rng)

@@ -8,7 +8,8 @@ import sys
 import threading
 
 from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, plan, setup, train
-from toolkit.errors import ToolkitError, print_error
+from toolkit.errors import ToolkitError
+from toolkit.messages import print_error
 
 COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan)
 

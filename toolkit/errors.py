@@ -8,9 +8,3 @@ class ToolkitError(Exception):
         super().__init__(message)
         self.code = code
 
-
-def print_error(error: Exception) -> None:
-    """The one `toolkit: error: <message>` line, in one write (launchers tag output by the chunk)."""
-    import sys
-    sys.stderr.write(f"toolkit: {getattr(error, 'label', 'error')}: {error}\n")
-    sys.stderr.flush()

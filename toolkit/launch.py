@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from toolkit import messages
 from toolkit.errors import ToolkitError
 
 LAUNCHERS = ("horovodrun", "mpirun", "tf_config")
@@ -469,8 +470,8 @@ def forward_sigterm(*procs: subprocess.Popen) -> None:
                 p.send_signal(signal.SIGTERM)
             except Exception:       # gone already
                 pass
-        sys.stderr.write(f"toolkit: launch: SIGTERM passed to {len(ranks)} local rank(s); they stop after their "
-                         "step (a second SIGTERM stops the job at once)\n")
+        messages.write(messages.line("launch", f"SIGTERM passed to {len(ranks)} local rank(s); they stop after "
+                                               "their step (a second SIGTERM stops the job at once)"))
 
     try:
         signal.signal(signal.SIGTERM, handler)

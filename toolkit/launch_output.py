@@ -20,6 +20,8 @@ import sys
 import threading
 from typing import IO
 
+from toolkit.messages import line
+
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
@@ -82,7 +84,7 @@ class Relay:
     def worker_failed(self, rank: int, code: int) -> int:
         """A worker the toolkit started itself exited non-zero (the first one to)."""
         if not self.rank_errors:
-            self._write(self.err, f"toolkit: error: launch: worker {rank} exited with code {code}")
+            self._write(self.err, line("error", f"launch: worker {rank} exited with code {code}"))
         return code
 
     def finish(self, returncode: int) -> int:
@@ -94,8 +96,8 @@ class Relay:
         if self.rank_code is not None:          # a rank failed: its own line says why
             if not self.rank_errors:
                 rank = f"rank {self.failed_rank}" if self.failed_rank is not None else "a rank"
-                self._write(self.err, f"toolkit: error: launch: {rank} exited with code {self.rank_code} "
-                                      "(its output is above)")
+                self._write(self.err, line("error", f"launch: {rank} exited with code {self.rank_code} "
+                                                            "(its output is above)"))
             return self.rank_code or returncode
         if self.rank_errors and all(ORTE_LOG.match(t) or not t.strip() for _, t in self.held):
             # Two ranks' MPI_Abort reports met in mpirun's show_help.c and it garbled them (`Data unpack
@@ -108,18 +110,18 @@ class Relay:
         if unreachable:                         # horovodrun's ssh check, one host at a time
             hosts = ", ".join(f"{host} ({why})" if why and not why.startswith("Traceback") else host
                               for host, why in unreachable)
-            self._write(self.err, f"toolkit: error: launch: cannot reach {hosts} over ssh; check the host "
-                                  "names in -H/--hostfile and that ssh to them works without a password")
+            self._write(self.err, line("error", f"launch: cannot reach {hosts} over ssh; check the host "
+                                                    "names in -H/--hostfile and that ssh to them works without a password"))
             return returncode
         banner = next((t for t in lines if ORTE_NO_DAEMONS.match(t)), None)
         if banner:                              # mpirun could not start its daemons over ssh
             said = "; ".join(dict.fromkeys(t for t in lines if SSH_SAID.match(t))) or banner
-            self._write(self.err, f"toolkit: error: launch: mpirun could not start on the other hosts over ssh "
-                                  f"({said}); check that ssh to each of them works without a password")
+            self._write(self.err, line("error", f"launch: mpirun could not start on the other hosts over ssh "
+                                                    f"({said}); check that ssh to each of them works without a password"))
             return returncode
         last = next((t.strip() for _, t in reversed(self.held) if t.strip() and not t.startswith("-")), "")
         if last.startswith(("RuntimeError: ", "ValueError: ")):   # horovodrun's own checks
-            self._write(self.err, "toolkit: error: launch: " + last.split(": ", 1)[1])
+            self._write(self.err, line("error", "launch: " + last.split(": ", 1)[1]))
         else:
             for stream, text in self.held:
                 self._write(stream, text)

@@ -18,13 +18,6 @@ from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
 
-def say(rank: int, message: str, quiet: bool = False) -> None:
-    """One line on rank 0's stderr (per-epoch progress), unless `quiet`."""
-    if rank == 0 and not quiet:
-        sys.stderr.write(message + "\n")      # one write: mpirun --tag-output tags each chunk it reads
-        sys.stderr.flush()
-
-
 def check(config: Config) -> None:
     """On every rank before training: a missing optional writer stops all ranks with one line."""
     if config.wandb_project and importlib.util.find_spec("wandb") is None:

@@ -29,8 +29,8 @@ import numpy as np
 from toolkit import checkpoint, data as datasets, numerics, schedule
 from toolkit.arrays import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
-from toolkit.errors import ToolkitError, print_error
-from toolkit.metrics import say
+from toolkit.errors import ToolkitError
+from toolkit.messages import print_error, say
 
 # message tags (a header of int64 values is followed, for PUSH and replies, by a float32 payload)
 HEADER, DATA, STATS = 1, 2, 3
@@ -270,7 +270,7 @@ def summarize(stats: dict) -> dict:
 
 def run(config: Config) -> dict:
     """Every rank of a parameter-server job calls this (from toolkit.trainer.run)."""
-    from toolkit import api
+    from toolkit import run as pipeline
 
     world = _world()
     size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
@@ -294,20 +294,17 @@ def run(config: Config) -> dict:
         Server(config, world, rank, servers, n_train).serve(group)
         return {"rank": None}
 
-    session = api.start(config, comm=group)      # Horovod among the workers only
+    session = pipeline.start(config, comm=group)      # Horovod among the workers only
     w, workers = session.rank, session.size
     both = datasets.datasets(config)
-    api.setup(config, session, both)
-    initial_digests = [d for per in session.allgather_object(session.local_digests, name="toolkit.initial_digest")
-                       for d in per]
-    train_loader = session.loader(both.train)     # this worker's share, the same rule as synchronous training
+    # the same rule as synchronous training for this worker's share
+    initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, both)
+    # worker 0's own view each epoch: the whole test set on its copy of the model, no collective
+    own_eval = session.loader(both.eval, batch_size=config.batch_size, train=False, shard=False)
     client = Client(world, servers, session.weights())
-    if w == 0:
-        for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "config.yaml").write_text(config.to_yaml())
-        if not config.resume:
-            client.send_initial(session.weights())
+    session.on_main(lambda: pipeline.write_config(config), name="toolkit.config_written")
+    if w == 0 and not config.resume:
+        client.send_initial(session.weights())
     session.set_weights(client.pull())
     start = client.versions[0]          # updates the servers had applied before this job (resume)
     b, k = config.batch_size, config.accumulation_steps
@@ -335,7 +332,7 @@ def run(config: Config) -> dict:
             clock += 1
         loss = float(np.mean(losses))
         if w == 0:      # this worker's view (the others are at most `staleness` steps apart)
-            test_loss, accuracy = _local_evaluate(session, both.eval, b)
+            test_loss, accuracy = session.evaluate(own_eval, collective=False)
             say(w, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
                     f"accuracy {accuracy:.4f}  (worker 0: its own loss and its copy of the model)", config.quiet)
     client.done(clock)
@@ -343,7 +340,7 @@ def run(config: Config) -> dict:
     seconds = time.perf_counter() - t0
     stats = summarize(client.stats()) if w == 0 else {}
     loss = session.mean(loss if loss is not None else np.nan, name="toolkit.ps_loss")
-    _, accuracy = session.evaluate(session.loader(both.eval, train=False))
+    _, accuracy = session.evaluate(eval_loader)
     # what the JSON summary says, unlike the epoch lines: every worker's, on the servers' final model
     say(w, f"final  loss {loss:.4f} (every worker's last epoch)  accuracy {accuracy:.4f} (the servers' final "
             f"model, every worker's share of the test set)", config.quiet)
@@ -353,19 +350,13 @@ def run(config: Config) -> dict:
         Path(config.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(config.log_dir) / f"ps-worker-{w}.json").write_text(json.dumps({"push": pushed, "reply": replied}))
     samples = float(session.allreduce(np.array([clock * b * k], np.float64), average=False, name="toolkit.ps_samples")[0])
-    return {
-        "framework": config.framework, "backend": config.backend.value, "world_size": workers,
-        "processes": size, "path": f"parameter server over mpi4py ({servers} server(s), {how})",
-        "steps": client.versions[0], "epochs": config.epochs, "final_loss": loss, "accuracy": accuracy,
-        "resumed_from": start if config.resume else None, "steps_run": client.versions[0] - start,
-        "steps_trained_per_rank": trained,
-        "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests,
-        "lr": schedule.lr_at(config, 1, client.versions[0], n_train // (b * k)),
-        "samples_per_sec": samples / seconds if seconds else 0.0,
-        "compression": config.compression.value, "sync": config.sync.value,
-        "staleness_bound": bound(config), "servers": servers, **stats,
-        "device": session.device, "rank": w,
-    }
+    return pipeline.summary(
+        config, session, world_size=workers, processes=size,
+        path=f"parameter server over mpi4py ({servers} server(s), {how})", steps=client.versions[0],
+        final_loss=loss, accuracy=accuracy, start_step=start, steps_trained=trained, digests=digests,
+        initial_digests=initial_digests, lr=schedule.lr_at(config, 1, client.versions[0], n_train // (b * k)),
+        samples_per_sec=samples / seconds if seconds else 0.0,
+        details={"staleness_bound": bound(config), "servers": servers, **stats})
 
 
 def _check_or_abort(world, step: int, loss: float) -> None:
@@ -376,18 +367,3 @@ def _check_or_abort(world, step: int, loss: float) -> None:
     except ToolkitError as e:
         print_error(e)
         world.Abort(e.code)
-
-
-def _local_evaluate(session, evaluation, batch_size: int) -> tuple[float, float]:
-    """(mean loss, accuracy) of this worker's copy of the model on the whole test set, alone (no
-    collective: the other workers are elsewhere in their epochs)."""
-    from toolkit.adapters.base import Loader
-    from toolkit.data import Sampler
-
-    loader = Loader(session, evaluation, Sampler(session._length(evaluation), batch_size, train=False),
-                    session._batches)
-    totals = np.zeros(4, np.float64)
-    for batches in loader.steps():
-        for x, y in batches:
-            totals += session._evaluate_batch(x, y)
-    return totals[0] / totals[2], totals[1] / totals[2]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import sys
 import time
 import types
-from pathlib import Path
 
-from toolkit import checkpoint, data as datasets, metrics as metrics_log, preemption
-from toolkit.api import loaders, setup, start
-from toolkit.metrics import say
+from toolkit import data as datasets, metrics as metrics_log, preemption, run as pipeline
+from toolkit.messages import say
 from toolkit.config import PS_SYNCS, Config
 from toolkit.errors import ToolkitError
 
@@ -31,40 +29,6 @@ def _progress_bar(config: Config, rank: int, epoch: int, steps: int, done: int):
                 leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
-def _resume(session, config: Config) -> dict:
-    """With `resume`: the newest checkpoint, loaded by the session (its model, optimizer, loaders,
-    exchange state). Without: checkpoint_dir must not hold an earlier run (nothing is overwritten);
-    rank 0 looks and every rank learns the outcome (elastic: rank 0 alone, no collective before
-    hvd.elastic.run)."""
-    if not config.checkpoint_dir:
-        return {}
-    if config.resume:
-        return session.load(collective=not config.elastic)
-    problem = None
-    if session.is_main:
-        try:
-            checkpoint.refuse_reuse(config.checkpoint_dir)
-        except ToolkitError as e:
-            if config.elastic:
-                raise
-            problem = str(e)
-    if not config.elastic:
-        problem = session.broadcast_object(problem, name="toolkit.fresh")
-    if problem:
-        raise ToolkitError(problem)
-    return {}
-
-
-def _write_config(config: Config) -> None:
-    for folder in filter(None, (config.checkpoint_dir, config.log_dir)):
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "config.yaml").write_text(config.to_yaml())
-        except OSError as e:
-            raise ToolkitError(f"{folder}: cannot write config.yaml ({e.strerror or e}); free space or give a "
-                               f"writable folder (--checkpoint-dir / log_dir)") from None
-
-
 def _preempted(config: Config, session, state, epoch: int) -> None:
     """SIGTERM reached a rank: every rank has finished this step (the first check, every
     preemption_check_every steps, after the signal); rank 0 checkpoints mid-epoch (the
@@ -79,17 +43,10 @@ def run(config: Config) -> dict:
     if config.sync in PS_SYNCS:         # a parameter server job: its own loop (toolkit/ps.py)
         from toolkit import ps
         return ps.run(config)
-    session = start(config)
+    session = pipeline.start(config)
     data = datasets.datasets(config)
-    setup(config, session, data)
-    # Elastic: no collective before hvd.elastic.run, where a worker that joins later (this script
-    # from the top) meets the others in the state's sync.
-    initial_digests = (list(session.local_digests) if config.elastic else
-                       [d for per in session.allgather_object(session.local_digests, name="toolkit.initial_digest")
-                        for d in per])
-    train_loader, eval_loader = loaders(config, session, data)
-    meta = _resume(session, config)
-    session.on_main(lambda: _write_config(config), name="toolkit.config_written")   # one line on every rank
+    initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, data)
+    meta = pipeline.resume(session, config)
     delays, fractions = config.straggler_delays(), config.data_fractions()
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     epoch = int(meta.get("epoch", 0))      # a checkpoint of the loader mid-epoch resumes there (user loops)
@@ -190,21 +147,13 @@ def run(config: Config) -> dict:
     trained = [int(n) for n in session.allgather_object(state.trained, name="toolkit.steps_trained")]
     start_step = int(meta.get("step", 0))
     lr = state.lr if state.lr is not None else session.lr(state.step, train_loader.steps_per_epoch)
-    summary = {
-        "framework": config.framework, "backend": config.backend.value, "world_size": session.world_size,
-        "processes": session.size, "path": session.communication.describe(session.path),
-        "steps": state.step, "epochs": config.epochs, "final_loss": state.loss,
-        "accuracy": accuracy,
-        # what this process did: resumed at `resumed_from`, ran the steps after it (every rank,
-        # trained: the steps each rank computed, fewer on a rank with uneven_data)
-        "resumed_from": start_step if config.resume else None, "steps_run": state.step - start_step,
-        "steps_trained_per_rank": trained,
-        "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests, "lr": lr,
-        "samples_per_sec": state.samples / state.seconds if state.seconds else 0.0,
-        "compression": config.compression.value, "sync": config.sync.value, **session.communication.summary(),
-        "precision": config.precision.value, "skipped_steps": session.skipped_steps,
-        "device": session.device, "rank": session.rank,
-    }
+    summary = pipeline.summary(
+        config, session, world_size=session.world_size, processes=session.size,
+        path=session.communication.describe(session.path), steps=state.step, final_loss=state.loss,
+        accuracy=accuracy, start_step=start_step, steps_trained=trained, digests=digests,
+        initial_digests=initial_digests, lr=lr, samples_per_sec=state.samples / state.seconds if state.seconds else 0.0,
+        details={**session.communication.summary(), "precision": config.precision.value,
+                 "skipped_steps": session.skipped_steps})
     if config.elastic:
         summary["elastic"] = {"world_sizes": state.world_sizes, "resets": state.resets}
     return summary

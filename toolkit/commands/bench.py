@@ -38,7 +38,6 @@ def run(args) -> int:
                             iters=args.iters, steps_per_iter=args.steps_per_iter)
     cfg = config.resolve(args)       # the bench's own flags are not config fields and are ignored there
     if args.worker_result:           # one rank of a launched job
-        cfg.quiet_framework_logs()
         result = bench.measure(cfg, options)
         if result is not None:
             Path(args.worker_result).write_text(json.dumps(result) + "\n")

@@ -1,7 +1,4 @@
 """`toolkit train`: one training job on this rank; the same as `python examples/train.py`."""
-import json
-import math
-import sys
 
 
 def register(sub) -> None:
@@ -13,24 +10,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import config, trainer
+    from toolkit import config, run as pipeline
 
-    cfg = config.resolve(args)
-    cfg.quiet_framework_logs()
-    summary = trainer.run(cfg)
-    if summary.pop("rank") == 0:
-        # one write, so mpirun's --tag-output cannot split the line from its newline
-        sys.stdout.write(json.dumps(_finite(summary), allow_nan=False) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-def _finite(value):
-    """NaN and infinities are not JSON: null instead, at any depth of the summary."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    return pipeline.main(config.resolve(args))

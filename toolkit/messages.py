@@ -1,0 +1,33 @@
+"""Every line the toolkit itself writes to stderr, in one of two forms, both written here:
+
+- `toolkit: <label>: <message>`: an error (`error`: the one line bad input gets), a stop
+  (`stopped`: a preemption), a launcher's own notice (`launch`);
+- rank 0's progress lines (`say`: the epoch lines, a resume, a warning), unless `quiet`.
+
+Each line goes out in one write: launchers tag output by the chunk they read, and a line written in
+two pieces can be interleaved with another rank's.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def line(label: str, message) -> str:
+    return f"toolkit: {label}: {message}"
+
+
+def write(text: str, stream=None) -> None:
+    stream = stream or sys.stderr
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def print_error(error: Exception) -> None:
+    """The one `toolkit: error: <message>` line (or the error's own label: `stopped`)."""
+    write(line(getattr(error, "label", "error"), error))
+
+
+def say(rank: int, message: str, quiet: bool = False) -> None:
+    """One line on rank 0's stderr (progress), unless `quiet`."""
+    if rank == 0 and not quiet:
+        write(message)
