@@ -14,8 +14,9 @@ Everything written once is here: the order of an optimizer step (`_reduce_and_ap
 checkpoints of the session's objects (toolkit.checkpoint's atomic, hashed folders), the loaders'
 positions, metrics averaged over ranks, the replica check, the NaN guard. Three objects answer the
 rest, each chosen once:
-- the framework's session (adapters/<framework>/session.py, a subclass): the tensor work: the
-  model on the device, the backward pass, gradients and state as tensors, its files in a checkpoint;
+- the framework's session (adapters/<framework>/session.py, a subclass): the tensor work
+  (adapters/framework.py lists it): the model on the device, the backward pass, gradients and
+  state as tensors, its files in a checkpoint;
 - its strategy (adapters/<framework>/strategies/, from the registry): how gradients and state move
   between the ranks: start, the optimizer wrapped, broadcast, reduce, collectives (adapters/strategy.py);
 - its precision (adapters/<framework>/precision.py): forward context, scaled backward, unscale,
@@ -25,88 +26,21 @@ config resolves.
 """
 from __future__ import annotations
 
-import abc
 import contextlib
-import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from toolkit import checkpoint, messages, numerics, preemption, schedule
-from toolkit.data import Sampler, is_arrays
+from toolkit.adapters.framework import TensorWork
+from toolkit.adapters.loader import Loader
+from toolkit.adapters.topology import Topology, digest
+from toolkit.data import Sampler
 from toolkit.errors import ToolkitError
 
-
-@dataclass(frozen=True)
-class Topology:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    device: str          # "cpu" or "cuda:0", "gpu(1)", ... as the framework names it
-    replicas: int = 1    # model replicas this process drives (several only under TF's native strategies)
-
-    @property
-    def world_size(self) -> int:
-        """Data-parallel replicas in the job: what batch sizes, sharding and lr scaling count."""
-        return self.size * self.replicas
+__all__ = ["Loader", "Session", "Topology", "digest"]
 
 
-def digest(arrays) -> str:
-    """sha256 of the parameters' bytes: equal on two ranks only if every bit is equal."""
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
-
-
-class Loader:
-    """A session's loader: this process's micro-batches of a dataset, on the session's device.
-
-    Iterating gives micro-batches `(x, y)`; `steps()` gives them grouped by optimizer step (the
-    built-in trainer's use). Which samples: `toolkit.data.Sampler` (one permutation per epoch,
-    strided by replica; its position is saved with the session's checkpoints)."""
-
-    def __init__(self, session, data, sampler: Sampler, batches):
-        self.session, self.data, self.sampler, self._batches = session, data, sampler, batches
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.sampler.steps_per_epoch
-
-    def __len__(self) -> int:
-        """Micro-batches in a whole epoch."""
-        return self.sampler.steps_per_epoch * (self.sampler.k if self.sampler.train else 1)
-
-    def steps(self):
-        """The epoch's remaining optimizer steps, each a list of `accumulation_steps` micro-batches;
-        the position moves on as each step is handed out."""
-        plan = self.sampler.remaining()
-        batches = self._batches(self.data, [idx for micro in plan for idx in micro], self.sampler)
-        for micro in plan:
-            step = [next(batches) for _ in micro]
-            self.sampler.advance()
-            yield step
-
-    def __iter__(self):
-        for batches in self.steps():
-            yield from batches
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
-
-
-class Session(abc.ABC):
+class Session(TensorWork):
     name: str                       # the framework
 
     def __init__(self, config, strategy):
@@ -188,11 +122,6 @@ class Session(abc.ABC):
         elsewhere it does nothing: `with session.scope(): model = build()` works everywhere."""
         import contextlib
         return contextlib.nullcontext()
-
-    @abc.abstractmethod
-    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
-        """The config's built-in model (mlp, linear, resnet18, resnet50, transformer_lm) in this
-        framework (adapters/<framework>/models.py); `input_shape`: one sample's, for the ResNets."""
 
     # -- the user's objects ---------------------------------------------------------------------------
     def setup(self, model, optimizer=None, loss=None):
@@ -306,9 +235,6 @@ class Session(abc.ABC):
             self._drain()      # every rank stops here: let the step already queued finish on all of them
             raise
 
-    def _drain(self) -> None:
-        """Wait for the framework's queued work (MXNet's engine runs asynchronously)."""
-
     def autocast(self):
         """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:
         its global mixed policy, set at start, so nothing here)."""
@@ -328,18 +254,6 @@ class Session(abc.ABC):
             self.step_skipped = self.precision.step(self.optimizer, batch)
         if self.reduces_loss:
             self.step_loss = self.strategy.reduced_loss(self, pending, loss)
-
-    def _clip_gradients(self, max_norm: float, batch=None):
-        """The reduced gradients' global norm, and the gradients clipped to `max_norm` (the framework's)."""
-        raise NotImplementedError(f"{type(self).__name__} clips inside its own step")
-
-    def _make_precision(self):
-        """The framework's precision object for the config (adapters/<framework>/precision.py)."""
-        return None
-
-    def to_float(self, value) -> float:
-        """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
-        return float(value)
 
     def lr(self, step: int, steps_per_epoch: int) -> float:
         """The config's learning rate at optimizer `step`: scaled by world size, linear warm-up."""
@@ -380,16 +294,6 @@ class Session(abc.ABC):
         arrays = [np.asarray(b, np.float64) for b in buffers]
         flat = self.allreduce(flatten(arrays), average=True, name="toolkit.buffers")
         self._set_buffers(unflatten(flat, arrays))
-
-    def _buffers(self) -> list:
-        """The model's floating-point state that is not trained (numpy); [] if none."""
-        return []
-
-    def _set_buffers(self, arrays) -> None:
-        pass
-
-    def _train_mode(self, training: bool) -> None:
-        """Put the setup model in training or inference mode (dropout, BatchNorm)."""
 
     def should_stop(self) -> bool:
         """Whether any rank was sent SIGTERM (or called toolkit.preemption.request()): the same answer
@@ -547,118 +451,3 @@ class Session(abc.ABC):
     def on_reset(self) -> None:
         """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
         self.strategy.on_reset(self)
-
-    # -- what each framework's session provides ----------------------------------------------------------
-    def _start(self, comm=None) -> Topology:
-        """The strategy's start: init, threads and the device of this local rank."""
-        return self.strategy.start(comm)
-
-    @abc.abstractmethod
-    def _seed(self, seed: int) -> None: ...
-
-    @abc.abstractmethod
-    def _place(self, model):
-        """The model on this rank's device (built under the strategy's scope where there is one)."""
-
-    @abc.abstractmethod
-    def _make_optimizer(self, model):
-        """The config's optimizer for `model` (sgd with momentum, or adam; lr; weight_decay)."""
-
-    @abc.abstractmethod
-    def _cross_entropy(self, logits, labels):
-        """The default loss: mean cross-entropy of integer labels on logits."""
-
-    @abc.abstractmethod
-    def set_lr(self, lr: float) -> None: ...
-
-    dataset_kind = "the framework's dataset"       # said when a loader gets something else
-
-    def _length(self, data) -> int:
-        """Samples in `data` (numpy (x, y) or the framework's dataset); a one-line error for anything else."""
-        n = len(data[0]) if is_arrays(data) else self._dataset_length(data)
-        if n is None:
-            raise ToolkitError(f"session.loader(data): expected numpy arrays (x, y) of equal length or "
-                               f"{self.dataset_kind}, got {type(data).__name__}")
-        return n
-
-    def _batches(self, data, plan, sampler):
-        """An iterator of the batches (x, y) on this rank's device made of `data`'s samples at each
-        index array of `plan`, in order: numpy arrays indexed here, the framework's dataset read by
-        its own reader (a stream such as tf.data follows `sampler`'s epoch, position and shard)."""
-        if not is_arrays(data):
-            return self._dataset_batches(data, plan, sampler)
-        x, y = data
-        return ((self._tensor(x[idx]), self._tensor(y[idx])) for idx in plan)
-
-    @abc.abstractmethod
-    def _dataset_length(self, data) -> int | None:
-        """Samples in the framework's dataset `data`, None if `data` is not one."""
-
-    @abc.abstractmethod
-    def _dataset_batches(self, data, plan, sampler): ...
-
-    @abc.abstractmethod
-    def _tensor(self, array):
-        """A numpy array as the framework's tensor on this rank's device."""
-
-    @abc.abstractmethod
-    def backward(self, loss, tape=None) -> None:
-        """This micro-batch's gradients, added to the step's (the loss divided by accumulation_steps,
-        so k micro-batches of b mean the same as one batch of k*b)."""
-
-    @abc.abstractmethod
-    def _evaluate_batch(self, x, y):
-        """(sum of losses, correct, count) of the setup model on one batch."""
-
-    @abc.abstractmethod
-    def replica_parameters(self) -> list[list]:
-        """Each replica's model state (parameters and buffers) as numpy arrays, in a fixed order."""
-
-    @abc.abstractmethod
-    def _save_objects(self, folder: Path) -> None:
-        """Model and optimizer state into `folder` (toolkit.checkpoint makes it atomic)."""
-
-    @abc.abstractmethod
-    def _load_objects(self, folder: Path) -> None: ...
-
-    # Communication's primitives (toolkit/communication.py): the step, split where the toolkit's
-    # exchange comes in.
-    @abc.abstractmethod
-    def _train_step(self, batches) -> float:
-        """Forward, backward and Horovod's reduce-and-apply over the micro-batches; local mean loss."""
-
-    @abc.abstractmethod
-    def _apply_step(self) -> None:
-        """After backward() of every micro-batch: Horovod's reduce-and-apply, gradients cleared."""
-
-    @abc.abstractmethod
-    def local_gradients(self, batches=None) -> tuple[float | None, list]:
-        """This rank's gradients as numpy arrays in a fixed order, no communication: computed over
-        `batches` (their mean loss returned), or, with None, the ones backward() accumulated."""
-
-    @abc.abstractmethod
-    def apply_gradients(self, grads: list) -> None:
-        """One local optimizer step with these numpy gradients (order as local_gradients)."""
-
-    def get_state(self) -> list:
-        """What local SGD averages: the trainable parameters and the optimizer's slots, as numpy arrays."""
-        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
-
-    def set_state(self, arrays: list) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
-
-    # -- the parameter server's workers (toolkit/ps.py) --------------------------------------------------
-    def weights(self) -> list:
-        """The trainable parameters as numpy arrays, in local_gradients order."""
-        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
-
-    def set_weights(self, arrays) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
-
-    # -- elastic training, where the registry marks it ----------------------------------------------
-    def snapshot(self):
-        """An in-memory copy of model and optimizer state (what an elastic commit keeps)."""
-        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
-
-    def restore(self, snapshot) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit.adapters.base import digest
+from toolkit.adapters.topology import digest
 from toolkit.adapters.tensorflow import models
 from toolkit.adapters.tensorflow.keras import KerasSession
 from toolkit.errors import ToolkitError

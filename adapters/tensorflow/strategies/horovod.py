@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from toolkit.adapters.base import Topology
+from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import HorovodStrategy, gpu_for_local_rank, require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.tensorflow.keras import set_threads
 

@@ -21,7 +21,7 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
-from toolkit.adapters.base import Topology
+from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.strategy import Strategy
 from toolkit.adapters.tensorflow.keras import set_threads

@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-from toolkit.adapters.base import Topology
+from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import import_horovod
 from toolkit.adapters.tensorflow.strategies.horovod import TensorflowHorovod
 from toolkit.errors import ToolkitError

@@ -1,0 +1,165 @@
+"""What each framework's session provides to the facade (adapters/base.py): the tensor work.
+
+A framework's session (adapters/<framework>/session.py) subclasses the facade and fills these in:
+the model on this rank's device, the config's optimizer and loss, its dataset and tensors, the
+backward pass, gradients and state as arrays, evaluation of one batch, its files in a checkpoint.
+Nothing here moves data between ranks (the strategy's, adapters/strategy.py) or chooses a precision
+(adapters/<framework>/precision.py).
+"""
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+from toolkit.adapters.topology import Topology
+from toolkit.data import is_arrays
+from toolkit.errors import ToolkitError
+
+
+class TensorWork(abc.ABC):
+    config: object
+    strategy: object
+
+    def _drain(self) -> None:
+        """Wait for the framework's queued work (MXNet's engine runs asynchronously)."""
+
+    def _clip_gradients(self, max_norm: float, batch=None):
+        """The reduced gradients' global norm, and the gradients clipped to `max_norm` (the framework's)."""
+        raise NotImplementedError(f"{type(self).__name__} clips inside its own step")
+
+    def _make_precision(self):
+        """The framework's precision object for the config (adapters/<framework>/precision.py)."""
+        return None
+
+    def to_float(self, value) -> float:
+        """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
+        return float(value)
+
+    def _buffers(self) -> list:
+        """The model's floating-point state that is not trained (numpy); [] if none."""
+        return []
+
+    def _set_buffers(self, arrays) -> None:
+        pass
+
+    def _train_mode(self, training: bool) -> None:
+        """Put the setup model in training or inference mode (dropout, BatchNorm)."""
+
+    @abc.abstractmethod
+    def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
+        """The config's built-in model (mlp, linear, resnet18, resnet50, transformer_lm) in this
+        framework (adapters/<framework>/models.py); `input_shape`: one sample's, for the ResNets."""
+
+    def _start(self, comm=None) -> Topology:
+        """The strategy's start: init, threads and the device of this local rank."""
+        return self.strategy.start(comm)
+
+    @abc.abstractmethod
+    def _seed(self, seed: int) -> None: ...
+
+    @abc.abstractmethod
+    def _place(self, model):
+        """The model on this rank's device (built under the strategy's scope where there is one)."""
+
+    @abc.abstractmethod
+    def _make_optimizer(self, model):
+        """The config's optimizer for `model` (sgd with momentum, or adam; lr; weight_decay)."""
+
+    @abc.abstractmethod
+    def _cross_entropy(self, logits, labels):
+        """The default loss: mean cross-entropy of integer labels on logits."""
+
+    @abc.abstractmethod
+    def set_lr(self, lr: float) -> None: ...
+
+    dataset_kind = "the framework's dataset"       # said when a loader gets something else
+
+    def _length(self, data) -> int:
+        """Samples in `data` (numpy (x, y) or the framework's dataset); a one-line error for anything else."""
+        n = len(data[0]) if is_arrays(data) else self._dataset_length(data)
+        if n is None:
+            raise ToolkitError(f"session.loader(data): expected numpy arrays (x, y) of equal length or "
+                               f"{self.dataset_kind}, got {type(data).__name__}")
+        return n
+
+    def _batches(self, data, plan, sampler):
+        """An iterator of the batches (x, y) on this rank's device made of `data`'s samples at each
+        index array of `plan`, in order: numpy arrays indexed here, the framework's dataset read by
+        its own reader (a stream such as tf.data follows `sampler`'s epoch, position and shard)."""
+        if not is_arrays(data):
+            return self._dataset_batches(data, plan, sampler)
+        x, y = data
+        return ((self._tensor(x[idx]), self._tensor(y[idx])) for idx in plan)
+
+    @abc.abstractmethod
+    def _dataset_length(self, data) -> int | None:
+        """Samples in the framework's dataset `data`, None if `data` is not one."""
+
+    @abc.abstractmethod
+    def _dataset_batches(self, data, plan, sampler): ...
+
+    @abc.abstractmethod
+    def _tensor(self, array):
+        """A numpy array as the framework's tensor on this rank's device."""
+
+    @abc.abstractmethod
+    def backward(self, loss, tape=None) -> None:
+        """This micro-batch's gradients, added to the step's (the loss divided by accumulation_steps,
+        so k micro-batches of b mean the same as one batch of k*b)."""
+
+    @abc.abstractmethod
+    def _evaluate_batch(self, x, y):
+        """(sum of losses, correct, count) of the setup model on one batch."""
+
+    @abc.abstractmethod
+    def replica_parameters(self) -> list[list]:
+        """Each replica's model state (parameters and buffers) as numpy arrays, in a fixed order."""
+
+    @abc.abstractmethod
+    def _save_objects(self, folder: Path) -> None:
+        """Model and optimizer state into `folder` (toolkit.checkpoint makes it atomic)."""
+
+    @abc.abstractmethod
+    def _load_objects(self, folder: Path) -> None: ...
+
+    # Communication's primitives (toolkit/communication.py): the step, split where the toolkit's
+    # exchange comes in.
+    @abc.abstractmethod
+    def _train_step(self, batches) -> float:
+        """Forward, backward and Horovod's reduce-and-apply over the micro-batches; local mean loss."""
+
+    @abc.abstractmethod
+    def _apply_step(self) -> None:
+        """After backward() of every micro-batch: Horovod's reduce-and-apply, gradients cleared."""
+
+    @abc.abstractmethod
+    def local_gradients(self, batches=None) -> tuple[float | None, list]:
+        """This rank's gradients as numpy arrays in a fixed order, no communication: computed over
+        `batches` (their mean loss returned), or, with None, the ones backward() accumulated."""
+
+    @abc.abstractmethod
+    def apply_gradients(self, grads: list) -> None:
+        """One local optimizer step with these numpy gradients (order as local_gradients)."""
+
+    def get_state(self) -> list:
+        """What local SGD averages: the trainable parameters and the optimizer's slots, as numpy arrays."""
+        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
+
+    def set_state(self, arrays: list) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
+
+    # -- the parameter server's workers (toolkit/ps.py) --------------------------------------------------
+    def weights(self) -> list:
+        """The trainable parameters as numpy arrays, in local_gradients order."""
+        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
+
+    def set_weights(self, arrays) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")
+
+    # -- elastic training, where the registry marks it ----------------------------------------------
+    def snapshot(self):
+        """An in-memory copy of model and optimizer state (what an elastic commit keeps)."""
+        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
+
+    def restore(self, snapshot) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no elastic training (see toolkit/registry.py)")
