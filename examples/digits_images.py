@@ -9,27 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-
-def digits_folder(root: Path, per_class: int | None = None, layout: str = "classes") -> Path:
-    """scikit-learn's digits as 8x8 grayscale PNGs: `root/<digit>/<i>.png` ("classes": the reader
-    holds a fixed fraction out) or `root/train/<digit>/...` and `root/val/<digit>/...` ("train_val",
-    every fifth image of a class in val). `per_class` keeps the first N of each class."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-    bunch = load_digits()
-    counts: dict = {}
-    for i, (image, label) in enumerate(zip(bunch.images, bunch.target)):
-        counts[label] = counts.get(label, 0) + 1
-        if per_class is not None and counts[label] > per_class:
-            continue
-        split = "" if layout == "classes" else ("val" if counts[label] % 5 == 0 else "train")
-        folder = Path(root) / split / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray((image * 255 / 16).astype(np.uint8), mode="L").save(folder / f"{i}.png")
-    return Path(root)
-
+from toolkit.ondisk import digits_folder
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

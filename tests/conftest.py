@@ -1,9 +1,14 @@
-"""Shared helpers: run the CLI and real multi-rank jobs as subprocesses, always with a timeout."""
+"""Shared helpers: run the CLI and real multi-rank jobs as subprocesses, always with a timeout; the `fw`
+fixture (a framework whose Horovod imports); a job started in the background, one of its ranks killed,
+and the job stopped with its whole process tree (`started`, `kill_rank`, `stop`)."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = [sys.executable, str(ROOT / "examples" / "train.py")]
 BIN = Path(sys.executable).parent
+FRAMEWORKS = ["torch", "tensorflow", "mxnet"]
 
 
 # Set by libraries on their first import (scikit-learn, MXNet's OpenMP), not by the code under test.
@@ -31,6 +37,84 @@ def restore_env_variables():
     os.environ.clear()
     os.environ.update(before)
     assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_status(fw: str):
+    """None when horovod.<fw> imports, else why; probed in a subprocess (keeps this one light)."""
+    from toolkit import horovod_build
+    return horovod_build.extension_status([fw])[fw]
+
+
+@pytest.fixture(params=FRAMEWORKS)
+def fw(request):
+    why = horovod_status(request.param)
+    if why:
+        pytest.skip(f"horovod.{request.param} does not import ({why}); run `make setup`")
+    return request.param
+
+
+def digits(fw):
+    return ["--framework", fw, "--dataset", "digits"]
+
+
+def rank_process(marker: str, rank: int | None = None, host: str | None = None, cpu_s: float = 0.0):
+    """The training process (examples/train.py) of a running job whose command line holds `marker`: the
+    one of `rank` (HOROVOD_RANK, or OMPI_COMM_WORLD_RANK under mpirun) and on `host` (HOROVOD_HOSTNAME)
+    where given, past `cpu_s` seconds of user CPU; None while there is none."""
+    import psutil
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            line = " ".join(p.info["cmdline"] or [])
+            if marker not in line or "examples/train.py" not in line:
+                continue
+            env = p.environ()
+            if rank is not None and str(rank) not in (env.get("HOROVOD_RANK"), env.get("OMPI_COMM_WORLD_RANK")):
+                continue
+            if host is not None and env.get("HOROVOD_HOSTNAME") != host:
+                continue
+            if not cpu_s or p.cpu_times().user > cpu_s:
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def kill_rank(marker: str, sig: int = signal.SIGKILL, **which) -> None:
+    """Send `sig` to one rank of a running job (`rank_process(marker, **which)`), which must exist."""
+    process = rank_process(marker, **which)
+    assert process is not None, f"no process {which} in the job of {marker}"
+    process.send_signal(sig)
+
+
+def stop(job: subprocess.Popen) -> None:
+    """Kill a job started with `start_new_session=True`, if it still runs, and reap it: every process
+    under it first (`toolkit launch` starts horovodrun in a session of its own), then its process group."""
+    if job.poll() is None:
+        import psutil
+        try:
+            children = psutil.Process(job.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+@contextlib.contextmanager
+def started(argv, **popen):
+    """`with started(argv, ...) as job:` a job in a session of its own (text, stdout piped; `popen`
+    overrides), stopped with everything it started when the block ends (`stop`), however it ends."""
+    job = subprocess.Popen([str(a) for a in argv], **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                                                      "text": True, "env": clean_env(), "cwd": ROOT, **popen},
+                           start_new_session=True)
+    try:
+        yield job
+    finally:
+        stop(job)
 
 
 def clean_env(**extra) -> dict:

@@ -7,7 +7,7 @@
 #   tests/netns_hosts.sh up DIR      create them; DIR gets the keys, ssh config and an `ssh` wrapper
 #   tests/netns_hosts.sh exec DIR HOST COMMAND...   run COMMAND on HOST (hostA or hostB)
 #   tests/netns_hosts.sh shape DIR RATE   limit the link to RATE each way (tc tbf, e.g. 1gbit, 100mbit;
-#                                         "none" removes the limit): examples/compression_bench.py --hosts
+#                                         "none" removes the limit): benchmarks/compression_bench.py --netns
 #   tests/netns_hosts.sh fault DIR HOST refuse|drop|none   HOST's sshd stopped (connections refused) /
 #                                         HOST answers nothing (its replies blackholed) / back to normal
 #   tests/netns_hosts.sh down DIR    stop the sshds, delete the namespaces (safe to repeat)

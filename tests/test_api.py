@@ -2,33 +2,16 @@
 with a user's own code (`--model/--dataset pkg.module:fn`, tests/user_code.py): real 2-rank jobs in
 every framework.
 """
-import json
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, summary, train_job
-from tests.test_distributed import fw  # noqa: F401  (a fixture: skips a framework whose Horovod is missing)
+from tests.helpers import max_diff, user_loop
 
 pytestmark = pytest.mark.distributed
-LOOP = [sys.executable, str(ROOT / "tests" / "user_loop.py")]
 USER = str(ROOT / "tests" / "user_code.py")
-
-
-def user_loop(fw, out, *args, ranks=2, timeout=300) -> dict:
-    """tests/user_loop.py on `ranks` ranks (toolkit launch, Gloo); rank 0's record and final weights."""
-    argv = LOOP + ["--framework", fw, "--out", out, *args]
-    if ranks > 1:
-        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
-                *argv]
-    proc = run(argv, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    record = json.loads(open(out).read())
-    with np.load(str(out) + ".npz") as saved:
-        record["weights"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    return record
 
 
 def seen_per_epoch(*records) -> dict:
@@ -39,10 +22,6 @@ def seen_per_epoch(*records) -> dict:
             for epoch, indices in per_rank.items():
                 counts.setdefault(int(epoch), Counter()).update(indices)
     return counts
-
-
-def max_diff(a, b) -> float:
-    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
 
 def test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once(fw, tmp_path):

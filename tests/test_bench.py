@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from tests.conftest import one_line_error, timeline_gradient_bytes, toolkit
-from tests.test_distributed import horovod_status
+from tests.conftest import horovod_status, one_line_error, timeline_gradient_bytes, toolkit
 from toolkit import bench
 
 
@@ -23,7 +22,7 @@ def test_summary_and_efficiency_arithmetic():
     (["--np", "0,2"], ["--np '0,2'", "at least 1"]),
     (["--np", "two"], ["--np 'two'", "e.g. --np 1,2"]),
     (["--iters", "0"], ["--iters 0"]),
-    (["--framework", "tensorflow", "--backend", "native"], ["examples/peers/mwms_tf_synthetic.py"]),
+    (["--framework", "tensorflow", "--backend", "native"], ["benchmarks/peers/mwms_tf_synthetic.py"]),
     (["--batch-size", "0"], ["batch_size=0"]),
 ])
 def test_bad_input(flags, needles, tmp_path):

@@ -3,103 +3,17 @@
 Each test runs once per framework whose Horovod extension is built here; the assertions are the
 same for all of them: that is the toolkit's promise.
 """
-import functools
 import hashlib
 import json
 import shutil
 
-import numpy as np
 import pytest
 
-from tests.conftest import (TRAIN, assert_replicas, clean_env, one_line_error, run, timeline_gradient_bytes, toolkit,
-                            train_job)
-
-from toolkit import horovod_build
+from tests.conftest import (FRAMEWORKS, TRAIN, assert_replicas, clean_env, digits, one_line_error, run,
+                            timeline_gradient_bytes, toolkit, train_job)
+from tests.helpers import assert_resumed, baseline, baseline_timeline, file_hashes, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed
-FRAMEWORKS = ["torch", "tensorflow", "mxnet"]
-
-
-@functools.lru_cache(maxsize=None)
-def horovod_status(fw: str):
-    """None when horovod.<fw> imports, else why; probed in a subprocess (keeps this one light)."""
-    return horovod_build.extension_status([fw])[fw]
-
-
-@pytest.fixture(params=FRAMEWORKS)
-def fw(request):
-    why = horovod_status(request.param)
-    if why:
-        pytest.skip(f"horovod.{request.param} does not import ({why}); run `make setup`")
-    return request.param
-
-
-def digits(fw):
-    return ["--framework", fw, "--dataset", "digits"]
-
-
-def params(fw, checkpoint_dir) -> dict:
-    """The model parameters of the newest checkpoint (written by rank 0), as numpy arrays."""
-    latest = sorted(p for p in checkpoint_dir.iterdir() if p.name.startswith("ckpt-"))[-1]
-    if fw == "torch":
-        import torch
-        return {k: v.numpy() for k, v in torch.load(latest / "state.pt", weights_only=True)["model"].items()}
-    if fw == "tensorflow":
-        with np.load(latest / "weights.npz") as weights:
-            return {k: weights[k] for k in weights.files}
-    import mxnet as mx
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(latest / "model.params")).items()}
-
-
-def interrupted_copy(finished, folder) -> dict:
-    """`folder` as a job that died after its first epoch would have left it: a copy of `finished`
-    (a 2-epoch run) without its later checkpoints. Saves running the 1-epoch job separately.
-    Returns what `assert_resumed` checks: the kept checkpoint's meta and its files' hashes."""
-    shutil.copytree(finished, folder)
-    kept, *later = sorted(p for p in folder.iterdir() if p.name.startswith("ckpt-"))
-    for p in later:
-        shutil.rmtree(p)
-    return {"meta": json.loads((kept / "meta.json").read_text()), "folder": kept, "files": file_hashes(kept)}
-
-
-def file_hashes(folder) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
-
-def assert_resumed(resumed: dict, straight: dict, cut: dict) -> None:
-    """The resumed job started at the cut's step and ran only the steps after it (a resume that
-    silently retrained from step 0 reaches the same parameters, but not these counts), it left the
-    checkpoint it resumed from untouched, and it ended where the uninterrupted job ended."""
-    step = cut["meta"]["step"]
-    assert 0 < step < straight["steps"]
-    assert resumed["resumed_from"] == step and straight["resumed_from"] is None
-    assert resumed["steps_run"] == straight["steps"] - step and resumed["steps"] == straight["steps"]
-    assert file_hashes(cut["folder"]) == cut["files"], "the checkpoint resumed from was rewritten"
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
-
-
-_BASELINES: dict = {}
-
-
-def baseline(fw, tmp_path_factory) -> tuple[dict, dict]:
-    """(summary, parameters) of the reference run, made once per framework and shared by the tests
-    that compare against it: 2 ranks (gloo), 1 epoch, the default SGD (lr 0.05, momentum 0.9).
-    Its Horovod timeline is `baseline_timeline(fw)`."""
-    if fw not in _BASELINES:
-        folder = tmp_path_factory.mktemp(f"baseline-{fw}")
-        out = train_job("gloo", digits(fw) + ["--epochs", "1", "--checkpoint-dir", folder,
-                                              "--timeline-file", folder / "timeline.json"])
-        _BASELINES[fw] = (out, params(fw, folder), folder / "timeline.json")
-    return _BASELINES[fw][:2]
-
-
-def baseline_timeline(fw, tmp_path_factory):
-    baseline(fw, tmp_path_factory)
-    return _BASELINES[fw][2]
 
 
 # The full run to > 90% once (gloo); the other launchers train shorter (the suite's time).

@@ -1,13 +1,12 @@
 """The toolkit's communication methods (issue 5) in real 2-rank horovodrun jobs, for every framework.
 
-The numbers behind docs/COMMUNICATION.md come from examples/communication_bench.py; these tests
+The numbers behind docs/COMMUNICATION.md come from benchmarks/communication_bench.py; these tests
 check behaviour: identical replicas, bytes really reduced, exact resume, local SGD's equivalences.
 """
 import pytest
 
-from tests.test_distributed import (assert_resumed, baseline, digits, fw, interrupted_copy, max_diff,  # noqa: F401
-                                    params)  # (fw is a fixture)
-from tests.conftest import TRAIN, assert_replicas, one_line_error, run, train_job
+from tests.conftest import TRAIN, assert_replicas, digits, one_line_error, run, train_job
+from tests.helpers import assert_resumed, baseline, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed
 

@@ -6,9 +6,7 @@ Horovod treats as separate hosts (a failed host is blacklisted, so the kill remo
 and starts locally without ssh; Gloo talks over `--network-interface lo`.
 """
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -19,8 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TRAIN, clean_env
-from tests.test_distributed import digits, horovod_status
+from tests.conftest import TRAIN, clean_env, digits, horovod_status, kill_rank, started
 
 pytestmark = pytest.mark.distributed
 
@@ -36,17 +33,6 @@ def _local_name() -> str | None:
         return None
     local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
     return name if address in local and name not in ("localhost", "127.0.0.1") else None
-
-
-def _worker_on(host: str, marker: str) -> psutil.Process:
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            line = " ".join(p.info["cmdline"] or [])
-            if "examples/train.py" in line and marker in line and p.environ().get("HOROVOD_HOSTNAME") == host:
-                return p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no worker on {host}")
 
 
 class Lines:
@@ -109,13 +95,11 @@ def test_a_killed_worker_shrinks_the_job_and_a_new_host_grows_it_back(tmp_path, 
                                       "epochs": epochs, "straggler": "0:60,1:60"}))
     argv = [sys.executable, "-m", "toolkit", "launch", "-np", "2", "--network-interface", "lo", "--timeout", "400",
             "--", *TRAIN, *digits(fw), "--config", config]
-    job = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=clean_env(HOROVOD_ELASTIC_TIMEOUT="120"), cwd=ROOT, start_new_session=True)
-    try:
+    with started(argv, stderr=subprocess.STDOUT, env=clean_env(HOROVOD_ELASTIC_TIMEOUT="120")) as job:
         out, t0 = Lines(job.stdout), time.monotonic()
         first = out.wait(epoch_on(2), "an epoch on 2 workers")
         t_kill = time.monotonic() - t0
-        _worker_on("127.0.0.1", str(config)).send_signal(signal.SIGKILL)
+        kill_rank(str(config), host="127.0.0.1")
         shrunk = out.wait(epoch_on(1, after=first), "an epoch on 1 worker after the kill")
         t_shrunk = time.monotonic() - t0
         hosts.write_text(f"localhost:1\n127.0.0.1:1\n{third}:1\n")     # 127.0.0.1 is blacklisted now
@@ -124,10 +108,6 @@ def test_a_killed_worker_shrinks_the_job_and_a_new_host_grows_it_back(tmp_path, 
         t_grown = time.monotonic() - t0
         code = job.wait(timeout=300)
         t_end = time.monotonic() - t0
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     assert code == 0, out.tail()
     lines = [ln for ln in out.lines if ln and "<stdout>:{" in ln]
     assert len(lines) == 1, out.tail()

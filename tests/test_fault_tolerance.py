@@ -10,23 +10,10 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ROOT, TRAIN, clean_env, one_line_error, toolkit, train_job
-from tests.test_distributed import digits, horovod_status
+from tests.conftest import TRAIN, digits, horovod_status, kill_rank, one_line_error, started, toolkit, train_job
 from toolkit import checkpoint
 
 pytestmark = pytest.mark.distributed
-
-
-def rank_process(marker: str, rank: int) -> psutil.Process:
-    """The training process of `rank` in the job whose command line contains `marker`."""
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and "examples/train.py" in " ".join(p.info["cmdline"]) \
-                    and str(rank) in (p.environ().get("HOROVOD_RANK"), p.environ().get("OMPI_COMM_WORLD_RANK")):
-                return p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no rank {rank} process for {marker}")
 
 
 @pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")
@@ -35,21 +22,15 @@ def test_a_killed_rank_stops_the_job_within_60_s_and_the_checkpoint_resumes(tmp_
     ckpt = tmp_path / "ckpt"
     argv = ["horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}", *TRAIN, *digits("torch"),
             "--epochs", "500", "--checkpoint-dir", ckpt, "--quiet"]
-    job = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=clean_env(), cwd=ROOT, start_new_session=True)
-    try:
+    with started(argv) as job:
         deadline = time.monotonic() + 120
         while not checkpoint.all_checkpoints(ckpt):
             assert job.poll() is None and time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.2)
-        rank_process(str(ckpt), 1).send_signal(signal.SIGKILL)
+        kill_rank(str(ckpt), rank=1)
         killed = time.monotonic()
         code = job.wait(timeout=90)
         elapsed = time.monotonic() - killed
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     assert code != 0, "losing a rank must fail the job"
     assert elapsed < 60, f"the job took {elapsed:.0f} s to stop after a rank died"
     print(f"{controller}: the job stopped {elapsed:.1f} s after rank 1 was killed (exit {code})")
@@ -119,23 +100,17 @@ def test_sigterm_stops_every_rank_after_its_step_rank_0_checkpoints_and_resume_i
     the signal to rank 1) ends with the parameters of the run that was never stopped."""
     ckpt = tmp_path / "ckpt"
     args = digits("torch") + ["--epochs", "4", "--quiet"]
-    job = subprocess.Popen([sys.executable, "-m", "toolkit", "launch", "-np", "2", "--gloo", "--timeout", "150", "--",
-                            *TRAIN, *args, "--straggler", "0:60", "--checkpoint-dir", str(ckpt)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=ROOT,
-                           start_new_session=True)
-    try:
+    with started([sys.executable, "-m", "toolkit", "launch", "-np", "2", "--gloo", "--timeout", "150", "--",
+                  *TRAIN, *args, "--straggler", "0:60", "--checkpoint-dir", ckpt]) as job:
         deadline = time.monotonic() + 120
         while not checkpoint.all_checkpoints(ckpt):      # one epoch done: the signal lands mid-run
             assert job.poll() is None and time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.1)
-        (rank_process(str(ckpt), 1) if target == "rank 1" else psutil.Process(job.pid)).send_signal(signal.SIGTERM)
+        if target == "rank 1":
+            kill_rank(str(ckpt), signal.SIGTERM, rank=1)
+        else:
+            psutil.Process(job.pid).send_signal(signal.SIGTERM)
         out, err = job.communicate(timeout=90)
-    finally:
-        if job.poll() is None:     # toolkit launch starts horovodrun in a session of its own: kill the tree
-            for child in psutil.Process(job.pid).children(recursive=True):
-                child.kill()
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     assert job.returncode == 75, err
     path, meta = checkpoint.latest(ckpt)
     stops = re.findall(r"^\[(\d)\]<stderr>:toolkit: stopped: SIGTERM: every rank finished step (\d+); rank 0 wrote "

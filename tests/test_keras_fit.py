@@ -3,8 +3,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, summary, run
-from tests.test_distributed import horovod_status
+from tests.conftest import ROOT, horovod_status, summary, run
 
 pytestmark = pytest.mark.distributed
 

@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, one_line_error, summary
-from tests.test_distributed import digits, horovod_status
+from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, digits, horovod_status, one_line_error, summary
 
 pytestmark = pytest.mark.distributed
 SCRIPT = ROOT / "tests" / "netns_hosts.sh"

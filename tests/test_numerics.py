@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import TRAIN, one_line_error, run
-from tests.test_api import max_diff, user_loop
-from tests.test_distributed import fw  # noqa: F401  (a fixture: skips a framework whose Horovod is missing)
+from tests.helpers import max_diff, user_loop
 
 pytestmark = pytest.mark.distributed
 CLIP = 0.5

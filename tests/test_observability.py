@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TRAIN, clean_env, run, summary
-from tests.test_distributed import digits, horovod_status
+from tests.conftest import ROOT, TRAIN, clean_env, digits, horovod_status, run, summary
 
 pytestmark = pytest.mark.distributed
 torch_only = pytest.mark.skipif(bool(horovod_status("torch")), reason="horovod.torch does not import")

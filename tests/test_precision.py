@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, assert_replicas, one_line_error, run, train_job
-from tests.test_api import max_diff, user_loop
+from tests.helpers import max_diff, user_loop
 
 pytestmark = pytest.mark.distributed
 

@@ -7,7 +7,6 @@ parameters and optimizer state and resume to the same model; a dead worker ends 
 parameters are one-line errors.
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -18,8 +17,8 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import ROOT, TRAIN, clean_env, one_line_error, run, summary, train_job
-from tests.test_distributed import FRAMEWORKS, digits, horovod_status
+from tests.conftest import (FRAMEWORKS, TRAIN, digits, horovod_status, one_line_error, rank_process, run, started,
+                            train_job)
 from toolkit import checkpoint, ps
 from toolkit.config import Config, Optimizer
 
@@ -150,28 +149,16 @@ def test_a_dead_worker_ends_the_job_within_60_s():
     marker = "--seed=4242"
     argv = [sys.executable, "-m", "toolkit", "launch", "-np", "3", "--launcher", "mpirun", "--timeout", "200",
             "--", *TRAIN, *digits("torch"), "--sync", "async_ps", "--epochs", "500", marker]
-    job = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=clean_env(), cwd=ROOT, start_new_session=True)
-    try:
+    with started(argv, stderr=subprocess.STDOUT) as job:
         deadline, victim = time.monotonic() + 120, None
         while victim is None:
             assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
-            for p in psutil.process_iter(["cmdline"]):
-                try:
-                    if marker in " ".join(p.info["cmdline"] or []) and p.environ().get("OMPI_COMM_WORLD_RANK") == "2" \
-                            and p.cpu_times().user > 5:     # past its imports (~3 s), training
-                        victim = p
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
+            victim = rank_process(marker, rank=2, cpu_s=5)      # past its imports (~3 s), training
             time.sleep(0.5)
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         code = job.wait(timeout=90)
         elapsed = time.monotonic() - killed
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     print(f"the parameter-server job stopped {elapsed:.1f} s after worker 2 was killed (exit {code})")
     assert code != 0 and elapsed < 60
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])], \

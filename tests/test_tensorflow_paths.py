@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import TRAIN, assert_replicas, clean_env, one_line_error, run, summary, train_job
-from tests.test_distributed import assert_resumed, horovod_status, interrupted_copy, max_diff, params
+from tests.conftest import TRAIN, assert_replicas, clean_env, horovod_status, one_line_error, run, summary, train_job
+from tests.helpers import assert_resumed, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed
 PATHS = ["tf_keras", "mirrored", "multi_worker_mirrored"]

@@ -2,8 +2,7 @@
 joins (hvd.join) while the other finishes its epoch, and every epoch ends with one model again."""
 import pytest
 
-from tests.conftest import assert_replicas, train_job
-from tests.test_distributed import digits, horovod_status
+from tests.conftest import assert_replicas, digits, horovod_status, train_job
 
 pytestmark = pytest.mark.distributed
 

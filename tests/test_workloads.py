@@ -34,7 +34,7 @@ def small_images(tmp_path_factory):
 
 def test_resnet18_learns_the_digit_images_on_two_ranks(digit_images):
     """torchvision's ResNet-18 through the toolkit, from PNG files read by ImageFolder, in bf16: > 90%
-    (fp32 gets there at epoch 5, bf16 at epoch 3 in examples/workload_bench.py's runs; 4 epochs here)."""
+    (fp32 gets there at epoch 5, bf16 at epoch 3 in benchmarks/workload_bench.py's runs; 4 epochs here)."""
     out = train_job("gloo", ["--framework", "torch", "--model", "resnet18", "--dataset", f"imagefolder:{digit_images}",
                              "--epochs", "4", "--batch-size", "32", "--lr", "0.05", "--no-augment", "--precision",
                              "bf16", *QUIET],

@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--latency", default="5us", help="inter-node latency per message (default 5us)")
     p.add_argument("--intra-latency", default="2us", help="intra-node latency per message (default 2us)")
     p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="link costs measured by examples/scaling_calibrate.py (replace --inter-node, --latency)")
+                   help="link costs measured by benchmarks/scaling_calibrate.py (replace --inter-node, --latency)")
     p.add_argument("--bench", default=None, metavar="PATH",
                    help="a toolkit bench result with a 1-worker row (bench.json or its folder); "
                         "without it the plan runs toolkit bench --np 1")
@@ -63,7 +63,7 @@ def cluster_from(args):
                 intra = _link(data["intra"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ToolkitError(f"--calibration {args.calibration}: not a calibration file ({e}); make one with "
-                               f"examples/scaling_calibrate.py") from None
+                               f"benchmarks/scaling_calibrate.py") from None
         words = (f"{args.gpus_per_node} GPUs a node, calibrated ({args.calibration}): "
                  f"{scaling.format_bandwidth(inter.bandwidth)}, {scaling.format_duration(inter.alpha)} a message")
     if args.step_ms is not None and not args.step_ms > 0:

@@ -1,8 +1,8 @@
 """The toolkit's step with your own model against a plain Horovod loop of the same model and data,
 per framework, in one job: the table behind docs/BENCHMARKS.md ("Your model through the API").
 
-    .venv/bin/python examples/api_bench.py --frameworks torch --rounds 3        # ~2 min: print only
-    .venv/bin/python examples/api_bench.py --write-docs                          # all three, ~10 min
+    .venv/bin/python -m benchmarks.api_bench --frameworks torch --rounds 3        # ~2 min: print only
+    .venv/bin/python -m benchmarks.api_bench --write-docs                          # all three, ~10 min
 
 Each framework runs one job of `-np` ranks (`toolkit launch`, Gloo). Every rank builds the same MLP
 (`--features` -> `--hidden-layers` x `--hidden-size` -> 10) twice: one copy goes through the
@@ -18,10 +18,8 @@ loop's median samples/s per rank and the ratio.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "BENCHMARKS.md"
-BEGIN, END = "<!-- api:begin -->", "<!-- api:end -->"
+from benchmarks import common
+
+ROOT = common.ROOT
 
 
 def arrays(a):
@@ -246,20 +244,19 @@ def worker(a) -> int:
 
 
 def table(results: dict, a) -> str:
-    lines = [f"Made by `.venv/bin/python examples/api_bench.py -np {a.np} --features {a.features} --hidden-size "
-             f"{a.hidden_size} --hidden-layers {a.hidden_layers} --batch-size {a.batch_size} --steps {a.steps} "
-             f"--rounds {a.rounds} --write-docs` on {datetime.date.today()}, {os.cpu_count()} CPU cores "
-             f"({platform.processor() or platform.machine()}), {a.np} ranks (Gloo), {a.samples} synthetic samples; "
-             "median over rounds of samples/s per rank.", "",
-             "| framework | device | toolkit (session: loader + train_step) | plain Horovod loop | toolkit / plain |",
-             "|---|---|---|---|---|"]
+    rows = []
     for fw, r in results.items():
         if "failed" in r:
-            lines.append(f"| {fw} | - | failed: {r['failed']} | | |")
+            rows.append(f"| {fw} | - | failed: {r['failed']} | | |")
             continue
         t, p = statistics.median(r["toolkit"]), statistics.median(r["plain"])
-        lines.append(f"| {fw} | {r['device']} | {t:,.0f} | {p:,.0f} | {t / p:.3f}x |")
-    return "\n".join(lines)
+        rows.append([fw, r["device"], f"{t:,.0f}", f"{p:,.0f}", f"{t / p:.3f}x"])
+    return (f"Made by `.venv/bin/python -m benchmarks.api_bench -np {a.np} --features {a.features} --hidden-size "
+            f"{a.hidden_size} --hidden-layers {a.hidden_layers} --batch-size {a.batch_size} --steps {a.steps} "
+            f"--rounds {a.rounds} --write-docs` on {common.today()}, {common.cores()}, {a.np} ranks (Gloo), "
+            f"{a.samples} synthetic samples; median over rounds of samples/s per rank.\n\n"
+            + common.table(["framework", "device", "toolkit (session: loader + train_step)", "plain Horovod loop",
+                            "toolkit / plain"], rows))
 
 
 def main() -> int:
@@ -288,7 +285,8 @@ def main() -> int:
             args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
                     if k in ("features", "hidden_size", "hidden_layers", "batch_size", "samples", "steps", "rounds")]
             argv = [sys.executable, "-m", "toolkit", "launch", "-np", str(a.np), "--gloo", "--timeout",
-                    str(a.timeout), "--", sys.executable, __file__, "--worker", fw, "--result", str(result), *args]
+                    str(a.timeout), "--", sys.executable, "-m", "benchmarks.api_bench", "--worker", fw, "--result",
+                    str(result), *args]
             proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
             results[fw] = json.loads(result.read_text()) if proc.returncode == 0 and result.is_file() else \
                 {"failed": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -296,11 +294,7 @@ def main() -> int:
     text = table(results, a)
     print(text)
     if a.write_docs:
-        doc = DOC.read_text()
-        if BEGIN not in doc:
-            doc += f"\n## Your model through the API: the toolkit's step against a plain Horovod loop\n\n{BEGIN}\n{END}\n"
-        DOC.write_text(doc[:doc.index(BEGIN)] + f"{BEGIN}\n{text}\n{END}" + doc[doc.index(END) + len(END):])
-        print(f"wrote {DOC}", file=sys.stderr)
+        common.write_between("BENCHMARKS.md", "api", text)
     return 1 if any("failed" in r for r in results.values()) else 0
 
 

@@ -1,9 +1,9 @@
 """Time to accuracy: ResNet-18 on the digits rendered as PNG files (1797 images, 20% held out), read
 by the framework's image-folder reader, 2 ranks, fp32 against bf16, side by side in one run.
 
-    .venv/bin/python examples/workload_bench.py                      # torch, 3 rounds, print only
-    .venv/bin/python examples/workload_bench.py --framework tensorflow --repeats 1
-    .venv/bin/python examples/workload_bench.py --write-docs         # into docs/BENCHMARKS.md
+    .venv/bin/python -m benchmarks.workload_bench                      # torch, 3 rounds, print only
+    .venv/bin/python -m benchmarks.workload_bench --framework tensorflow --repeats 1
+    .venv/bin/python -m benchmarks.workload_bench --write-docs         # into docs/BENCHMARKS.md
 
 Each run is `examples/train.py` under `toolkit launch -np 2 --gloo` with `--log-dir`; from its
 metrics.jsonl: every epoch's held-out accuracy and the training seconds up to it (samples over the
@@ -21,10 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from examples.peers_bench import machine, write  # noqa: E402
-from examples.digits_images import digits_folder  # noqa: E402
+from benchmarks import common
+from toolkit.ondisk import digits_folder
+
+ROOT = common.ROOT
 
 BIN = Path(sys.executable).parent
 
@@ -74,9 +74,7 @@ def main() -> int:
                 out = one_run(a, pr, images)
                 runs[pr].append(out)
                 print(f"round {round_ + 1} {pr}: {out}", file=sys.stderr, flush=True)
-    lines = [f"| precision | time to {a.target:.0%} (s, median) | rounds (s) | final accuracy | samples/s (all ranks) |",
-             "|---|---|---|---|---|"]
-    failed = False
+    lines, failed = [], False
     for pr in precisions:
         ok = [r for r in runs[pr] if "failed" not in r]
         failed |= len(ok) < len(runs[pr])
@@ -86,18 +84,20 @@ def main() -> int:
         times = [r["to_target"] for r in ok]
         reached = [t for t in times if t is not None]
         median = f"{statistics.median(reached):.1f}" if len(reached) == len(times) else "not reached in every round"
-        lines.append(f"| {pr} | {median} | {', '.join('-' if t is None else f'{t:.1f}' for t in times)} | "
-                     f"{statistics.median(r['final'] for r in ok):.4f} | "
-                     f"{statistics.median(r['samples_per_sec'] for r in ok):,.0f} |")
-    command = (f"`.venv/bin/python examples/workload_bench.py --framework {a.framework} -np {a.np} --epochs {a.epochs} "
+        lines.append([pr, median, ", ".join("-" if t is None else f"{t:.1f}" for t in times),
+                      f"{statistics.median(r['final'] for r in ok):.4f}",
+                      f"{statistics.median(r['samples_per_sec'] for r in ok):,.0f}"])
+    command = (f"`.venv/bin/python -m benchmarks.workload_bench --framework {a.framework} -np {a.np} --epochs {a.epochs} "
                f"--batch-size {a.batch_size} --lr {a.lr} --image-size {a.image_size} --target {a.target} "
                f"--repeats {a.repeats}{' --augment' if a.augment else ''} --write-docs`")
-    text = (f"Made by {command} on {machine()}. {a.framework} ResNet-18 (the zoo's, weights=None) on the 1797 "
+    text = (f"Made by {command} on {common.machine()}. {a.framework} ResNet-18 (the zoo's, weights=None) on the 1797 "
             f"digits as {a.image_size}x{a.image_size} PNGs (20% held out), {a.np} ranks, batch {a.batch_size} per "
-            f"rank, lr {a.lr}, {a.epochs} epochs.\n\n" + "\n".join(lines))
+            f"rank, lr {a.lr}, {a.epochs} epochs.\n\n"
+            + common.table(["precision", f"time to {a.target:.0%} (s, median)", "rounds (s)", "final accuracy",
+                            "samples/s (all ranks)"], lines))
     print(text)
     if a.write_docs:
-        write("tta", text)
+        common.write_between("BENCHMARKS.md", "tta", text)
     return 1 if failed else 0
 
 

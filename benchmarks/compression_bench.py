@@ -1,8 +1,8 @@
 """Step time of every compression method, side by side: the table behind docs/COMMUNICATION.md's
 `<!-- step:begin -->` block.
 
-    .venv/bin/python examples/compression_bench.py                      # ~15 min on 2 cores: print only
-    .venv/bin/python examples/compression_bench.py --before /tmp/before --write-docs
+    .venv/bin/python -m benchmarks.compression_bench                      # ~15 min on 2 cores: print only
+    .venv/bin/python -m benchmarks.compression_bench --before /tmp/before --write-docs
 
 Each row is one `toolkit bench` job (the toolkit's real step on one fixed batch, no data loading) of
 the MLP the issue measured (1024 features, 3 x 2048 hidden, 10.5M parameters, batch 64), 2 ranks
@@ -13,10 +13,10 @@ ranks (local SGD that never averages within the job, no NaN guard), what compres
 compared to. `--before DIR` adds rows run from another checkout of the
 toolkit (e.g. `git worktree add DIR <commit>`, with `.venv` linked in; its adapters must be its own:
 `ln -s ../adapters DIR/toolkit/adapters`). The peers are torch DDP's communication hooks under
-torchrun on the same model and batch (examples/peers/ddp_torch_synthetic.py; its PowerSGD hook fails
+torchrun on the same model and batch (benchmarks/peers/ddp_torch_synthetic.py; its PowerSGD hook fails
 on Gloo, see there). Rows run in turn within a round, so a slow spell of the machine hits every row.
 
-    .venv/bin/python examples/compression_bench.py --netns --rates none,1gbit,100mbit --write-docs   # root
+    .venv/bin/python -m benchmarks.compression_bench --netns --rates none,1gbit,100mbit --write-docs   # root
 
 `--netns`: the two ranks run on two network-namespace hosts joined by a veth pair
 (tests/netns_hosts.sh, made and removed here), the link shaped to each rate in turn (`tc qdisc ... tbf
@@ -35,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-import peers_bench  # noqa: E402
+from benchmarks import common
+from toolkit.bench import summarize
 
-DOC = ROOT / "docs" / "COMMUNICATION.md"
+ROOT = common.ROOT
 MODEL = ["--features", "1024", "--hidden-size", "2048", "--hidden-layers", "3", "--batch-size", "64"]
 METHODS = [
     ("none", []),
@@ -82,13 +81,13 @@ def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | Non
 def ddp_row(hook: str | None, a):
     def run(out: Path) -> dict:
         argv = [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                str(ROOT / "examples" / "peers" / "ddp_torch_synthetic.py"), *MODEL, "--warmup", str(a.warmup),
+                str(ROOT / "benchmarks" / "peers" / "ddp_torch_synthetic.py"), *MODEL, "--warmup", str(a.warmup),
                 "--iters", str(a.iters), "--steps-per-iter", str(a.steps), "--result", str(out / "r.json"),
                 *(["--hook", hook] if hook else [])]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
         if proc.returncode != 0:
             return {"failed": " / ".join(ln for ln in proc.stderr.splitlines() if "Error" in ln)[-300:]}
-        per_worker = peers_bench.summarize(json.loads((out / "r.json").read_text()))["per_worker"]
+        per_worker = summarize(json.loads((out / "r.json").read_text()))["per_worker"]
         return {"step_ms": 1000 * 64 / per_worker, "compression_ms": None, "bytes": None}
     return run
 
@@ -112,12 +111,12 @@ def link_tables(a) -> int:
                              + table(rows, results, None))
         finally:
             subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
-    command = f"`.venv/bin/python examples/compression_bench.py --netns --rates {a.rates} --rounds {a.rounds} --write-docs`"
-    text = (f"Made by {command} on {peers_bench.machine()}; {a.warmup} warm-up steps, {a.iters} x {a.steps} "
+    command = f"`.venv/bin/python -m benchmarks.compression_bench --netns --rates {a.rates} --rounds {a.rounds} --write-docs`"
+    text = (f"Made by {command} on {common.machine()}; {a.warmup} warm-up steps, {a.iters} x {a.steps} "
             "timed.\n\n" + "\n\n".join(texts))
     print(text)
     if a.write_docs:
-        write("link", text)
+        common.write_between("COMMUNICATION.md", "link", text)
     return 0
 
 
@@ -144,8 +143,7 @@ def table(rows, results, compute_label: str | None) -> str:
     compute = [o["step_ms"] for o in results.get(compute_label, []) if "failed" not in o]
     fwd_bwd = median(compute) if compute else None
     none = median([o["step_ms"] for o in results["none"] if "failed" not in o] or [float("nan")])
-    lines = ["| method (2 ranks, Gloo) | step ms (median) | rounds | x none | compression ms/step | "
-             "compression / forward+backward | bytes/step/rank |", "|---|---|---|---|---|---|---|"]
+    lines = []
     for label, _ in rows:
         ok = [o for o in results[label] if "failed" not in o]
         if not ok:
@@ -160,13 +158,9 @@ def table(rows, results, compute_label: str | None) -> str:
             share = f"{100 * comp_ms / fwd_bwd:.0f}%" if fwd_bwd else "-"
         byte_text = f"{median([o['bytes'] for o in ok]):,.0f}" if ok[0]["bytes"] is not None else "n/a"
         rounds = ", ".join(f"{o['step_ms']:.0f}" for o in ok)
-        lines.append(f"| {label} | {step:.1f} | {rounds} | {step / none:.2f} | {comp_text} | {share} | {byte_text} |")
-    return "\n".join(lines)
-
-
-def write(marker: str, text: str) -> None:
-    peers_bench.write(marker, text, DOC)
-    print(f"wrote {DOC}", file=sys.stderr)
+        lines.append([label, f"{step:.1f}", rounds, f"{step / none:.2f}", comp_text, share, byte_text])
+    return common.table(["method (2 ranks, Gloo)", "step ms (median)", "rounds", "x none", "compression ms/step",
+                         "compression / forward+backward", "bytes/step/rank"], lines)
 
 
 def main() -> int:
@@ -193,12 +187,12 @@ def main() -> int:
                  for label, flags in METHODS if label in BEFORE]
     rows += [(label, ddp_row(hook, a)) for label, hook in HOOKS]
     results = measure(rows, a)
-    command = "`.venv/bin/python examples/compression_bench.py" + (" --before DIR" if a.before else "") + \
+    command = "`.venv/bin/python -m benchmarks.compression_bench" + (" --before DIR" if a.before else "") + \
               f" --rounds {a.rounds} --write-docs`"
-    text = f"Made by {command} on {peers_bench.machine()}.\n\n" + table(rows, results, COMPUTE)
+    text = f"Made by {command} on {common.machine()}.\n\n" + table(rows, results, COMPUTE)
     print(text)
     if a.write_docs:
-        write("step", text)
+        common.write_between("COMMUNICATION.md", "step", text)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Synchronous allreduce against the parameter server (SSP s=1, s=4, fully async), with and without
 one injected straggler; the table behind docs/ASYNC.md.
 
-    .venv/bin/python examples/async_bench.py --epochs 2          # ~3 min, print only
-    .venv/bin/python examples/async_bench.py --write-docs        # 3 workers, 10 epochs: ~12 min, into the doc
+    .venv/bin/python -m benchmarks.async_bench --epochs 2          # ~3 min, print only
+    .venv/bin/python -m benchmarks.async_bench --write-docs        # 3 workers, 10 epochs: ~12 min, into the doc
 
 Every row trains `digits` (torch, MLP, batch 32 per worker, SGD lr 0.05 momentum 0.9) for the same
 number of epochs, so every row sees the same number of samples. Sync runs W ranks through Horovod
@@ -12,17 +12,16 @@ on a small machine). The straggler is the last worker, sleeping before each of i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "ASYNC.md"
+from benchmarks import common
+
+ROOT = common.ROOT
 BIN = Path(sys.executable).parent
 
 
@@ -57,29 +56,19 @@ def histogram(h: dict | None) -> str:
 
 
 def table(results, args) -> str:
-    out = [f"Command: `.venv/bin/python examples/async_bench.py --workers {args.workers} --epochs {args.epochs} "
-           f"--straggler-ms {args.straggler_ms} --write-docs`; {datetime.date.today()}, {os.cpu_count()} CPU cores "
-           f"({platform.processor() or platform.machine()}), torch MLP on digits, batch 32 per worker.",
-           "",
-           "| straggler | method | samples/s | x sync | accuracy | staleness (updates) mean / max | "
-           "staleness distribution | clock gap max |",
-           "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for strag, per_method in results.items():
         base = per_method[0][1]["samples_per_sec"]
         for name, r in per_method:
             stale = (f"{r['staleness_mean']:.2f} / {r['staleness_max']}" if "staleness_mean" in r else "0 (sync)")
-            out.append(f"| {strag} | {name} | {r['samples_per_sec']:,.0f} | {r['samples_per_sec'] / base:.2f} | "
-                       f"{r['accuracy']:.4f} | {stale} | {histogram(r.get('staleness_histogram'))} | "
-                       f"{r.get('clock_gap_max', 0)} |")
-    return "\n".join(out)
-
-
-def write(text: str) -> None:
-    begin, end = "<!-- async:begin -->", "<!-- async:end -->"
-    doc = DOC.read_text()
-    if begin not in doc:
-        raise SystemExit(f"{DOC} has no {begin} ... {end} markers to write between")
-    DOC.write_text(doc[:doc.index(begin)] + f"{begin}\n{text}\n{end}" + doc[doc.index(end) + len(end):])
+            rows.append([strag, name, f"{r['samples_per_sec']:,.0f}", f"{r['samples_per_sec'] / base:.2f}",
+                         f"{r['accuracy']:.4f}", stale, histogram(r.get("staleness_histogram")),
+                         r.get("clock_gap_max", 0)])
+    return (f"Command: `.venv/bin/python -m benchmarks.async_bench --workers {args.workers} --epochs {args.epochs} "
+            f"--straggler-ms {args.straggler_ms} --write-docs`; {common.today()}, {common.cores()}, torch MLP on "
+            "digits, batch 32 per worker.\n\n"
+            + common.table(["straggler", "method", "samples/s", "x sync", "accuracy", "staleness (updates) mean / max",
+                            "staleness distribution", "clock gap max"], rows))
 
 
 def main() -> int:
@@ -103,7 +92,7 @@ def main() -> int:
     text = table(results, args)
     print(text)
     if args.write_docs:
-        write(text)
+        common.write_between("ASYNC.md", "async", text)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Calibrate `toolkit plan`'s cost model on this machine and check its step predictions (docs/SCALING.md).
 
-    .venv/bin/python examples/scaling_calibrate.py --write-docs        # root (namespace hosts); ~30 min
+    .venv/bin/python -m benchmarks.scaling_calibrate --write-docs        # root (namespace hosts); ~30 min
 
 1. **Collectives.** Horovod allreduce and allgather of float32 torch tensors, 1 KB to 256 MB, timed
    on every rank (each round starts after a barrier; a round's time is its slowest rank's; the median
@@ -32,9 +32,10 @@ import time
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from toolkit import scaling  # noqa: E402
+from benchmarks import common
+from toolkit import scaling
+
+ROOT = common.ROOT
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 SCRIPT = ROOT / "tests" / "netns_hosts.sh"
@@ -96,7 +97,7 @@ def time_collectives(n: int, controller: str, netns: Path | None, max_bytes: flo
         out = Path(tmp) / "samples.json"
         where = ["-H", PLACEMENT[n], "--network-interface", "tk0"] if netns else ["--network-interface", "lo"]
         launched([PY, "-m", "toolkit", "launch", "-np", str(n), f"--{controller}", *where, "--timeout",
-                  str(a.timeout), "--", PY, str(Path(__file__).resolve()), "--worker", str(out),
+                  str(a.timeout), "--", PY, "-m", "benchmarks.scaling_calibrate", "--worker", str(out),
                   "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds)], netns, a.timeout + 60)
         return json.loads(out.read_text())
 
@@ -185,7 +186,7 @@ def main() -> int:
     text = report(fits, steps, a)
     print(text)
     if a.write_docs:
-        write_docs("calibration", text)
+        common.write_between("SCALING.md", "calibration", text)
     return 0
 
 
@@ -240,40 +241,28 @@ def report(fits: dict, steps: dict, a) -> str:
         link = scaling.Link(**fits[f"veth {rate}"]["inter"])
         free = scaling.Link(**fits["veth none"]["inter"]) if rate != "none" else None
         checks[(rate, label, n)] = (predict(n, label, compute[n], steps["ones"][label], link, intra, free), measured)
-    lines = [f"Measured {date.today().isoformat()} with `.venv/bin/python examples/scaling_calibrate.py --rates "
-             f"{a.rates or repr('')} --check-rates {a.check_rates} --repeats {a.repeats} --write-docs` ({steps['minutes']:.0f} min; 2 cores, Horovod "
-             f"0.28.1, torch CPU); `--report-only` recomputes the predictions from the saved measurements.", "",
-             "| link | ranks | overhead (per collective) | alpha (per message) | bandwidth | median fit error |",
-             "|---|---|---|---|---|---|"]
-    for name, fit in fits.items():
-        ranks = sorted({s["n"] for s in fit["samples"]})
-        lines.append(f"| {name} | {', '.join(map(str, ranks))} | "
-                     f"{scaling.format_duration(fit['inter']['overhead'])} | "
-                     f"{scaling.format_duration(fit['inter']['alpha'])} | "
-                     f"{scaling.format_bandwidth(fit['inter']['bandwidth'])} | {100 * fit['fit_error']:.1f}% |")
+    links = [[name, ", ".join(map(str, sorted({s["n"] for s in fit["samples"]}))),
+              scaling.format_duration(fit["inter"]["overhead"]), scaling.format_duration(fit["inter"]["alpha"]),
+              scaling.format_bandwidth(fit["inter"]["bandwidth"]), f"{100 * fit['fit_error']:.1f}%"]
+             for name, fit in fits.items()]
+    lines = [f"Measured {date.today().isoformat()} with `.venv/bin/python -m benchmarks.scaling_calibrate --rates "
+             f"{a.rates or repr('')} --check-rates {a.check_rates} --repeats {a.repeats} --write-docs` "
+             f"({steps['minutes']:.0f} min; {os.cpu_count()} cores, Horovod {common.horovod_version()}, torch CPU); "
+             "`--report-only` recomputes the predictions from the saved measurements.", "",
+             common.table(["link", "ranks", "overhead (per collective)", "alpha (per message)", "bandwidth",
+                           "median fit error"], links)]
     lines += ["", f"Steps: MLP 3 x 1024 (3.2M parameters), batch 64 a rank; one worker "
                   f"{1000 * one['step_s']:.1f} ms; compute with N ranks sharing the 2 cores: "
-              + ", ".join(f"N={n} {1000 * s:.1f} ms" for n, s in compute.items()) + ".", "",
-              "| link | method | ranks | predicted ms | measured ms | error |", "|---|---|---|---|---|---|"]
-    errors = []
+              + ", ".join(f"N={n} {1000 * s:.1f} ms" for n, s in compute.items()) + ".", ""]
+    errors, rows = [], []
     for (rate, label, n), (pred, meas) in checks.items():
         errors.append(abs(pred / meas - 1))
-        lines.append(f"| {rate} | {label} | {n} | {1000 * pred:.1f} | {1000 * meas:.1f} | "
-                     f"{100 * (pred / meas - 1):+.0f}% |")
+        rows.append([rate, label, n, f"{1000 * pred:.1f}", f"{1000 * meas:.1f}", f"{100 * (pred / meas - 1):+.0f}%"])
+    lines.append(common.table(["link", "method", "ranks", "predicted ms", "measured ms", "error"], rows))
     if errors:
         lines += ["", f"Within 15%: {sum(e <= 0.15 for e in errors)} of {len(errors)}; median error "
                       f"{100 * statistics.median(errors):.0f}%, largest {100 * max(errors):.0f}%."]
     return "\n".join(lines)
-
-
-def write_docs(section: str, text: str) -> None:
-    """Replace docs/SCALING.md's text between <!-- section: begin --> and <!-- section: end -->."""
-    doc = ROOT / "docs" / "SCALING.md"
-    begin, end = f"<!-- {section}: begin -->", f"<!-- {section}: end -->"
-    current = doc.read_text()
-    head, rest = current.split(begin, 1)
-    doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
-    print(f"wrote {doc}")
 
 
 if __name__ == "__main__":

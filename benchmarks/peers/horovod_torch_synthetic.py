@@ -2,7 +2,7 @@
 examples/pytorch/pytorch_synthetic_benchmark.py: an MLP (or torchvision's `--model resnet50`) on one
 fixed random batch.
 
-    horovodrun -np 2 python examples/peers/horovod_torch_synthetic.py [--fp16-allreduce]
+    horovodrun -np 2 python benchmarks/peers/horovod_torch_synthetic.py [--fp16-allreduce]
 """
 import horovod.torch as hvd
 import torch

@@ -1,8 +1,8 @@
 """(c) torch DistributedDataParallel under torchrun (gloo on CPU, nccl on GPU), no Horovod, no toolkit.
 
-    torchrun --nproc-per-node 2 examples/peers/ddp_torch_synthetic.py [--fp16-allreduce | --hook HOOK]
+    torchrun --nproc-per-node 2 benchmarks/peers/ddp_torch_synthetic.py [--fp16-allreduce | --hook HOOK]
 
---hook: DDP's own communication hooks, the peer of the toolkit's compression (examples/compression_bench.py):
+--hook: DDP's own communication hooks, the peer of the toolkit's compression (benchmarks/compression_bench.py):
 fp16 / bf16 (default_hooks.*_compress_hook) or PowerSGD of rank 1, 2 or 4 (powerSGD_hook, error feedback and
 warm start on, compressing from the 10th step: keep --warmup above 10 so every timed step is compressed).
 On Gloo (CPU) the PowerSGD hook fails in torch 2.14.1 ("op.preamble.length <= op.nbytes. 4116 vs 4096.

@@ -1,6 +1,6 @@
 """Check `toolkit plan`'s cost model against Horovod's published scaling (docs/SCALING.md).
 
-    .venv/bin/python examples/scaling_published.py --write-docs        # seconds; needs torchvision
+    .venv/bin/python -m benchmarks.scaling_published --write-docs        # seconds; needs torchvision
 
 Horovod's README published scaling efficiency for tf_cnn_benchmarks' Inception V3, ResNet-101 and
 VGG-16 (batch 64 a GPU, synthetic data) on servers of 4 Pascal GPUs over 25 Gbit/s RoCE: 90 / 90 / 79%
@@ -25,12 +25,9 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import date
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
-from toolkit import scaling  # noqa: E402
+from benchmarks import common
+from toolkit import scaling
 
 BATCH = 64
 GPUS_PER_NODE = 4
@@ -116,40 +113,40 @@ def dgx_a100(rate: float, batch: int) -> float:
 
 
 def report() -> str:
-    lines = [f"Computed {date.today().isoformat()} with `.venv/bin/python examples/scaling_published.py "
+    lines = [f"Computed {date.today().isoformat()} with `.venv/bin/python -m benchmarks.scaling_published "
              f"--write-docs` (torchvision's parameter shapes and layer FLOPs; 4 GPUs a node; 25 Gbit/s, 5 us a "
              f"message between nodes; 10 GB/s PCIe within; Horovod of 2017: 64 MiB fusion, 5 ms cycle, one flat "
              f"ring; backward 2/3 of the step). Predicted columns: A, the link at its line rate, each gradient "
              f"ready when the backward FLOPs before it are done; B, as A but ready in proportion to bytes "
              f"(`toolkit plan`'s assumption, which knows no FLOPs); C, as A with 75% of the line rate and a 3% "
-             f"spread of step times.", "",
-             "| model | parameters | fp32 gradients | P100 images/s (batch 64) | GPUs | published | A | B | C |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    models = {name: gradients(name) for name in PUBLISHED}
+             f"spread of step times.", ""]
+    models, rows = {name: gradients(name) for name in PUBLISHED}, []
     for name, grads in models.items():
         rate, total = images_per_s(name), sum(grads[0])
         for n, published in PUBLISHED[name].items():
             cells = [efficiency(grads, rate, n, LINE_RATE), efficiency(grads, rate, n, LINE_RATE, by_bytes=True),
                      efficiency(grads, rate, n, 0.75 * LINE_RATE, straggle=0.03)]
-            lines.append(f"| {LABEL[name]} | {total / 1e6:.1f}M | {4 * total / 2 ** 20:.0f} MiB | "
-                         f"{rate:.0f}{'' if name in P100 else ' (interpolated)'} | {n} | {100 * published:.0f}% | "
-                         + " | ".join(f"{100 * c:.0f}%" for c in cells) + " |")
+            rows.append([LABEL[name], f"{total / 1e6:.1f}M", f"{4 * total / 2 ** 20:.0f} MiB",
+                         f"{rate:.0f}{'' if name in P100 else ' (interpolated)'}", n, f"{100 * published:.0f}%",
+                         *(f"{100 * c:.0f}%" for c in cells)])
+    lines.append(common.table(["model", "parameters", "fp32 gradients", "P100 images/s (batch 64)", "GPUs",
+                               "published", "A", "B", "C"], rows))
     lines += ["", "How the 512-GPU prediction (A) moves with what was not published: the share of the 25 Gbit/s "
                   "line rate the ring got (columns) and the spread of one GPU's step time (coefficient of "
-                  "variation; a step waits for the slowest of 512).", "",
-              "| model | spread | 100% | 90% | 75% | 50% |", "|---|---|---|---|---|---|"]
+                  "variation; a step waits for the slowest of 512).", ""]
+    rows = []
     for name, grads in models.items():
         for straggle in (0.0, 0.02, 0.05):
             cells = [f"{100 * efficiency(grads, images_per_s(name), 512, share * LINE_RATE, straggle):.0f}%"
                      for share in (1.0, 0.9, 0.75, 0.5)]
-            lines.append(f"| {LABEL[name]} | {100 * straggle:.0f}% | " + " | ".join(cells) + " |")
+            rows.append([LABEL[name], f"{100 * straggle:.0f}%", *cells])
+    lines.append(common.table(["model", "spread", "100%", "90%", "75%", "50%"], rows))
     lines += ["", "PyTorch DDP on one DGX A100 (8 x A100 80GB, NVLink), ResNet-50 v1.5, batch 256 a GPU: NVIDIA's "
-                  "DeepLearningExamples (PyTorch/Classification/ConvNets/resnet50v1.5, pytorch-21.03 container).", "",
-              "| precision | 1 GPU images/s | 8 GPUs images/s | published efficiency | predicted |",
-              "|---|---|---|---|---|"]
-    for precision, one, eight in (("TF32", 938, 7248), ("mixed (AMP)", 2470, 16621)):
-        lines.append(f"| {precision} | {one} | {eight} | {100 * eight / (8 * one):.0f}% | "
-                     f"{100 * dgx_a100(one, 256):.0f}% |")
+                  "DeepLearningExamples (PyTorch/Classification/ConvNets/resnet50v1.5, pytorch-21.03 container).", ""]
+    rows = [[precision, one, eight, f"{100 * eight / (8 * one):.0f}%", f"{100 * dgx_a100(one, 256):.0f}%"]
+            for precision, one, eight in (("TF32", 938, 7248), ("mixed (AMP)", 2470, 16621))]
+    lines.append(common.table(["precision", "1 GPU images/s", "8 GPUs images/s", "published efficiency", "predicted"],
+                              rows))
     return "\n".join(lines)
 
 
@@ -160,8 +157,7 @@ def main() -> int:
     text = report()
     print(text)
     if a.write_docs:
-        from scaling_calibrate import write_docs
-        write_docs("published", text)
+        common.write_between("SCALING.md", "published", text)
     return 0
 
 

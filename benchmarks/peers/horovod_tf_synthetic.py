@@ -1,7 +1,7 @@
 """Plain Horovod + TensorFlow 2 (Keras 3 model), no toolkit code, in the manner of Horovod's
 examples/tensorflow2/tensorflow2_synthetic_benchmark.py: hvd.DistributedGradientTape in a tf.function.
 
-    horovodrun -np 2 python examples/peers/horovod_tf_synthetic.py [--fp16-allreduce]
+    horovodrun -np 2 python benchmarks/peers/horovod_tf_synthetic.py [--fp16-allreduce]
 """
 import horovod.tensorflow as hvd
 import keras

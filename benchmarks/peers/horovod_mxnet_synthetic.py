@@ -1,7 +1,7 @@
 """(e) Plain Horovod + MXNet Gluon, no toolkit code, in the manner of Horovod's
 examples/mxnet/mxnet_imagenet_resnet50.py (hvd.DistributedTrainer, hybridized model).
 
-    horovodrun -np 2 python examples/peers/horovod_mxnet_synthetic.py [--fp16-allreduce]
+    horovodrun -np 2 python benchmarks/peers/horovod_mxnet_synthetic.py [--fp16-allreduce]
 """
 import os
 

@@ -1,9 +1,9 @@
 """The toolkit against its peers, and the Horovod tuning attempts, on one model; the tables behind docs/BENCHMARKS.md.
 
-    .venv/bin/python examples/peers_bench.py --suite peers --repeats 1        # ~8 min, print only
-    .venv/bin/python examples/peers_bench.py --write-docs        # peers + tuning, 3 rounds: 20+ min, into the doc
-    .venv/bin/python examples/peers_bench.py --suite overhead -np 1 --features 64 --hidden-size 64 --hidden-layers 1 --repeats 5
-    .venv/bin/python examples/peers_bench.py --suite resnet50 --image-size 64 --batch-size 16 --repeats 3
+    .venv/bin/python -m benchmarks.peers_bench --suite peers --repeats 1        # ~8 min, print only
+    .venv/bin/python -m benchmarks.peers_bench --write-docs        # peers + tuning, 3 rounds: 20+ min, into the doc
+    .venv/bin/python -m benchmarks.peers_bench --suite overhead -np 1 --features 64 --hidden-size 64 --hidden-layers 1 --repeats 5
+    .venv/bin/python -m benchmarks.peers_bench --suite resnet50 --image-size 64 --batch-size 16 --repeats 3
 
 Every row times the same MLP (`--features` inputs, `--hidden-layers` x `--hidden-size`, 10 classes),
 the same batch per worker and the same loop (warm-up steps, then timed iterations of several steps
@@ -11,7 +11,7 @@ on one fixed random batch), on `-np` workers with this host's cores shared betwe
 in turns (`--repeats` rounds, so drift of the machine hits every row alike) and each row reports
 the median over its rounds of the per-worker mean samples/sec.
 
-- peers: (a) `toolkit bench` per framework, (b) a plain Horovod script (examples/peers/, no toolkit
+- peers: (a) `toolkit bench` per framework, (b) a plain Horovod script (benchmarks/peers/, no toolkit
   code), (c) torch DDP under torchrun, (d) TF MultiWorkerMirroredStrategy, (e) plain Horovod MXNet,
   plus a plain Horovod TensorFlow script; the ratio column is throughput / (b)'s.
 - tuning: the toolkit's torch step with each Horovod setting tried, against torch DDP in the same run.
@@ -24,23 +24,18 @@ the median over its rounds of the per-worker mean samples/sec.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from toolkit.bench import summarize  # noqa: E402
+from benchmarks import common
+from toolkit.bench import summarize
 
-DOC = ROOT / "docs" / "BENCHMARKS.md"
-PEERS = ROOT / "examples" / "peers"
+ROOT = common.ROOT
+PEERS = ROOT / "benchmarks" / "peers"
 BIN = Path(sys.executable).parent
 
 
@@ -49,11 +44,11 @@ def toolkit(framework: str, controller: str = "gloo", flags: tuple = (), env: tu
         extra = [f for item in env for f in ("--env", item)]
         extra += ["--dataset", "synthetic"] if a.model != "mlp" else []     # the ResNets read images
         return [str(BIN / "toolkit"), "bench", "--np", str(a.np), f"--{controller}", "--framework", framework,
-                *common(a), "--out", str(out), "--quiet", *extra, *flags], out / f"np{a.np}.json"
+                *model_flags(a), "--out", str(out), "--quiet", *extra, *flags], out / f"np{a.np}.json"
     return argv
 
 
-def common(a) -> list[str]:
+def model_flags(a) -> list[str]:
     return ["--model", a.model, "--image-size", str(a.image_size), "--classes", str(a.classes),
             "--features", str(a.features), "--hidden-size", str(a.hidden_size), "--hidden-layers",
             str(a.hidden_layers), "--batch-size", str(a.batch_size), "--warmup", str(a.warmup),
@@ -63,21 +58,21 @@ def common(a) -> list[str]:
 def horovodrun(script: str, controller: str = "gloo"):
     def argv(a, out):
         return [str(BIN / "horovodrun"), "-np", str(a.np), "-H", f"localhost:{a.np}", f"--{controller}",
-                sys.executable, str(PEERS / script), *common(a), "--result", str(out / "r.json")], out / "r.json"
+                sys.executable, str(PEERS / script), *model_flags(a), "--result", str(out / "r.json")], out / "r.json"
     return argv
 
 
 def torchrun(script: str):
     def argv(a, out):
         return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(a.np), str(PEERS / script),
-                *common(a), "--result", str(out / "r.json")], out / "r.json"
+                *model_flags(a), "--result", str(out / "r.json")], out / "r.json"
     return argv
 
 
 def tf_native(script: str):
     def argv(a, out):
         return [str(BIN / "toolkit"), "launch", "--backend", "native", "-np", str(a.np), "--timeout", "600", "--",
-                sys.executable, str(PEERS / script), *common(a), "--result", str(out / "r.json")], out / "r.json"
+                sys.executable, str(PEERS / script), *model_flags(a), "--result", str(out / "r.json")], out / "r.json"
     return argv
 
 
@@ -174,8 +169,7 @@ def median_row(outs: list[dict]) -> dict | None:
 
 def table(rows, results, a, ratio_name: str) -> str:
     """Medians per row; the ratio of throughputs and the step-time difference against the row's reference."""
-    lines = [f"| row | samples/s per worker (median of rounds) | rounds | step ms | {ratio_name} | step ms vs it |",
-             "|---|---|---|---|---|---|"]
+    lines = []
     for key, label, _, ref in rows:
         m, base = median_row(results[key]), median_row(results[ref])
         if m is None:
@@ -185,25 +179,9 @@ def table(rows, results, a, ratio_name: str) -> str:
         ratio = f"{m['per_worker'] / base['per_worker']:.3f}" if base else "n/a"
         delta = f"{step - 1000 * a.batch_size / base['per_worker']:+.3f}" if base else "n/a"
         rounds = ", ".join(f"{r:,.0f}" for r in m["rounds"])
-        lines.append(f"| {label} | {m['per_worker']:,.1f} +- {m['spread']:,.1f} | {rounds} | {step:.3f} | "
-                     f"{ratio} | {delta} |")
-    return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
-
-
-def write(marker: str, text: str, path: Path = DOC) -> None:
-    """`text` between `<!-- marker:begin -->` and `<!-- marker:end -->` in the doc at `path`."""
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    doc = path.read_text()
-    if begin not in doc:
-        raise SystemExit(f"{path} has no {begin} ... {end} markers to write between")
-    path.write_text(doc[:doc.index(begin)] + f"{begin}\n{text}\n{end}" + doc[doc.index(end) + len(end):])
+        lines.append([label, f"{m['per_worker']:,.1f} +- {m['spread']:,.1f}", rounds, f"{step:.3f}", ratio, delta])
+    return common.table(["row", "samples/s per worker (median of rounds)", "rounds", "step ms", ratio_name,
+                         "step ms vs it"], lines)
 
 
 def main() -> int:
@@ -243,17 +221,17 @@ def main() -> int:
                   + (a.hidden_size + 1) * 10)
         shape = (f"--image-size {a.image_size} --classes {a.classes}" if a.model != "mlp" else
                  f"--features {a.features} --hidden-size {a.hidden_size} --hidden-layers {a.hidden_layers}")
-        command = (f"`.venv/bin/python examples/peers_bench.py --suite {name} -np {a.np} {shape} "
+        command = (f"`.venv/bin/python -m benchmarks.peers_bench --suite {name} -np {a.np} {shape} "
                    f"--batch-size {a.batch_size} --repeats {a.repeats} "
                    f"--iters {a.iters} --steps-per-iter {a.steps_per_iter} --write-docs`")
         model = (f"{a.model} on random {a.image_size}x{a.image_size} images, {a.classes} classes" if a.model != "mlp"
                  else f"MLP {a.features} -> {a.hidden_layers} x {a.hidden_size} -> 10 ({params / 1e6:.2f}M parameters)")
-        text = (f"Made by {command} on {machine()}. {model}, batch {a.batch_size} per worker, {a.np} workers, "
+        text = (f"Made by {command} on {common.machine()}. {model}, batch {a.batch_size} per worker, {a.np} workers, "
                 f"{a.warmup} warm-up steps, {a.iters} x {a.steps_per_iter} timed steps per round.\n\n"
                 + table(rows, results, a, ratio))
         print(text)
         if a.write_docs:
-            write(name, text)
+            common.write_between("BENCHMARKS.md", name, text)
     return 1 if failed else 0
 
 

@@ -1,7 +1,7 @@
 """(d) TensorFlow's own MultiWorkerMirroredStrategy (Keras 3 model, custom loop), no Horovod, no toolkit.
 Each worker reads TF_CONFIG; `toolkit launch --backend native -np 2 -- python this.py` writes it.
 
-    toolkit launch --backend native -np 2 -- python examples/peers/mwms_tf_synthetic.py
+    toolkit launch --backend native -np 2 -- python benchmarks/peers/mwms_tf_synthetic.py
 """
 import json
 import os

@@ -1,8 +1,8 @@
 """Measure every communication method on real 2-rank jobs; the tables behind docs/COMMUNICATION.md.
 
-    .venv/bin/python examples/communication_bench.py --frameworks torch --epochs 3   # ~2 min: print only
-    .venv/bin/python examples/communication_bench.py --write-docs     # all frameworks, 10 epochs, ~15 min
-    .venv/bin/python examples/communication_bench.py --workload resnet18 --write-docs   # torch, ~10 min
+    .venv/bin/python -m benchmarks.communication_bench --frameworks torch --epochs 3   # ~2 min: print only
+    .venv/bin/python -m benchmarks.communication_bench --write-docs     # all frameworks, 10 epochs, ~15 min
+    .venv/bin/python -m benchmarks.communication_bench --workload resnet18 --write-docs   # torch, ~10 min
 
 Each row is one `horovodrun -np 2` training (examples/train.py, same seed and epochs), read from the
 job's JSON summary: test accuracy, bytes each rank sent per optimizer step (toolkit payloads and
@@ -16,7 +16,6 @@ table goes between the workload's markers in docs/COMMUNICATION.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import re
 import subprocess
@@ -25,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "COMMUNICATION.md"
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+from benchmarks import common
+from toolkit.ondisk import digits_folder
+
+ROOT = common.ROOT
 
 # (label, flags, launcher): every method the config offers, plus error feedback switched off
 DGC = ["--compression", "topk", "--topk-ratio", "0.01", "--dgc"]
@@ -96,19 +96,17 @@ def time_to(out: dict, target: float) -> str:
 
 def table(rows: list[tuple[str, str, dict]], target: float) -> str:
     base = {fw: out["accuracy"] for fw, label, out in rows if label == "none" and "failed" not in out}
-    lines = ["| framework | method | accuracy | vs none (points) | bytes/step/rank | ratio vs none | "
-             f"compression ms/step | training s to {target:.0%} | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = []
     for fw, label, out in rows:
         if "failed" in out:
             lines.append(f"| {fw} | {label} | failed: {out['failed'].replace('|', '/')} | | | | | | {out['wall_s']:.0f} |")
             continue
         delta = (out["accuracy"] - base[fw]) * 100 if fw in base else float("nan")
-        ratio = out["compression_ratio"]
-        lines.append(f"| {fw} | {label} | {out['accuracy']:.4f} | {delta:+.1f} | {out['bytes_sent_per_step']:,.0f} | "
-                     f"{ratio:.1f}x | {out.get('compression_ms_per_step', 0):.2f} | {time_to(out, target)} | "
-                     f"{out['wall_s']:.0f} |")
-    return "\n".join(lines)
+        lines.append([fw, label, f"{out['accuracy']:.4f}", f"{delta:+.1f}", f"{out['bytes_sent_per_step']:,.0f}",
+                      f"{out['compression_ratio']:.1f}x", f"{out.get('compression_ms_per_step', 0):.2f}",
+                      time_to(out, target), f"{out['wall_s']:.0f}"])
+    return common.table(["framework", "method", "accuracy", "vs none (points)", "bytes/step/rank", "ratio vs none",
+                         "compression ms/step", f"training s to {target:.0%}", "wall s"], lines)
 
 
 def main() -> int:
@@ -132,8 +130,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = None
         if resnet:
-            sys.path.insert(0, str(ROOT / "examples"))
-            from digits_images import digits_folder
             folder = digits_folder(Path(tmp) / "digits")
         workload = workload_flags(args.workload, folder)
         for fw in frameworks.split(","):
@@ -150,17 +146,12 @@ def main() -> int:
     text = table(rows, TARGET[args.workload])
     print(text)
     if args.write_docs:
-        begin, end = (BEGIN, END) if not resnet else ("<!-- resnet18:begin -->", "<!-- resnet18:end -->")
-        command = (f"`.venv/bin/python examples/communication_bench.py --workload {args.workload} --frameworks "
+        command = (f"`.venv/bin/python -m benchmarks.communication_bench --workload {args.workload} --frameworks "
                    f"{frameworks} --epochs {epochs} -np {args.np_}{' --only ...' if args.only else ''} --write-docs`")
         what = "digits, the MLP" if not resnet else "ResNet-18 on the digits as 32x32 PNGs, bf16"
-        block = (f"{begin}\nMade by {command} ({args.np_} ranks, {what}, {epochs} epochs, seed 42, "
-                 f"{datetime.date.today().isoformat()}).\n\n{text}\n{end}")
-        doc = DOC.read_text()
-        if begin not in doc:
-            raise SystemExit(f"{DOC} has no {begin} ... {end} markers to write between")
-        DOC.write_text(doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):])
-        print(f"wrote {DOC}", file=sys.stderr)
+        common.write_between("COMMUNICATION.md", "resnet18" if resnet else "bench",
+                             f"Made by {command} ({args.np_} ranks, {what}, {epochs} epochs, seed 42, "
+                             f"{common.today()}).\n\n{text}")
     return 1 if any("failed" in out for _, _, out in rows) else 0
 
 

@@ -1,6 +1,6 @@
 """The toolkit's own cost per optimizer step (torch), measured in one process where it can be resolved.
 
-    .venv/bin/python examples/step_overhead.py [--sizes 64x1,2048x3] [--blocks 15]
+    .venv/bin/python -m benchmarks.step_overhead [--sizes 64x1,2048x3] [--blocks 15]
 
 On 2 shared cores two launched jobs differ by 10-15% from run to run, so a 1% budget cannot be
 checked end to end. Here one process (Horovod on one rank, the same `hvd.DistributedOptimizer`)
@@ -16,9 +16,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import common
 
 
 def measure(hidden_size: int, hidden_layers: int, features: int, blocks: int, steps: int) -> dict:
@@ -72,12 +71,11 @@ def main() -> int:
         size, layers = (int(v) for v in item.split("x"))
         steps = 200 if size * size * layers < 1e6 else 5
         rows.append(measure(size, layers, args.features, args.blocks, steps))
-    print("| model | parameters | plain Horovod step | toolkit step | toolkit - plain | share of the step |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        d = r["toolkit"] - r["plain"]
-        print(f"| {r['model']} | {r['parameters']:,} | {r['plain'] * 1e3:.3f} ms | {r['toolkit'] * 1e3:.3f} ms | "
-              f"{d * 1e6:+.0f} us | {100 * d / r['plain']:+.2f}% |")
+    cells = [[r["model"], f"{r['parameters']:,}", f"{r['plain'] * 1e3:.3f} ms", f"{r['toolkit'] * 1e3:.3f} ms",
+              f"{(r['toolkit'] - r['plain']) * 1e6:+.0f} us", f"{100 * (r['toolkit'] - r['plain']) / r['plain']:+.2f}%"]
+             for r in rows]
+    print(common.table(["model", "parameters", "plain Horovod step", "toolkit step", "toolkit - plain",
+                        "share of the step"], cells))
     return 0
 
 

@@ -1,0 +1,85 @@
+"""What every benchmark shares: markdown tables, the machine a table was measured on, and writing a
+table into its docs page between markers.
+
+A docs page holds each generated block between `<!-- NAME:begin -->` and `<!-- NAME:end -->` (the
+one marker syntax); `write_between` replaces what lies between them and nothing else.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+def row(cells: Sequence[object]) -> str:
+    """One markdown table row: `| a | b |`."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object] | str]) -> str:
+    """A markdown table: the header, its `|---|` line, then each row: its cells, or a line already
+    written (a failed row: `| name | failed: why | | |`)."""
+    lines = [row(header), "|" + "---|" * len(header)]
+    lines += [r if isinstance(r, str) else row(r) for r in rows]
+    return "\n".join(lines)
+
+
+# -- the machine -----------------------------------------------------------------------------------
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+
+
+def cores() -> str:
+    """`2 CPU cores (x86_64)`: the short form in the API and async tables."""
+    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+
+
+def machine() -> str:
+    """`2026-11-23, Intel(R) Xeon(R) Processor, 2 cores, Linux 6.x, Python 3.11.7`: date, CPU, cores,
+    kernel and Python, the long form most tables are stamped with."""
+    return (f"{today()}, {cpu_model()}, {os.cpu_count()} cores, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def horovod_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("horovod")
+    except PackageNotFoundError:
+        return "not installed"
+
+
+# -- docs ------------------------------------------------------------------------------------------
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def write_between(doc: Path, name: str, text: str) -> None:
+    """Replace what lies between the `name` markers in `doc` (a path, or a file name in docs/) by `text`."""
+    path = doc if Path(doc).is_absolute() else DOCS / doc
+    begin, end = markers(name)
+    current = path.read_text()
+    if begin not in current or end not in current:
+        raise SystemExit(f"{path} has no {begin} ... {end} markers to write between")
+    path.write_text(current[:current.index(begin)] + f"{begin}\n{text}\n{end}"
+                    + current[current.index(end) + len(end):])
+    print(f"wrote {path} ({name})", file=sys.stderr)
