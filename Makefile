@@ -1,9 +1,9 @@
 # The two commands a newcomer needs: `make demo` (a real 2-rank training) and `make test`.
 # Both run `make setup` first, which is idempotent and cached (~1 min after the first time).
 PYTHON ?= python3.11
-# Each Python its own virtualenv: .venv for the pinned one (toolkit/pins.py), .venv-3.12 for
+# Each Python its own virtualenv: .venv for the pinned one (toolkit/build/pins.py), .venv-3.12 for
 # `make setup PYTHON=python3.12` (then `make test PYTHON=python3.12` tests that one).
-VENV   ?= $(shell $(PYTHON) -c 'from toolkit import envsetup; print(envsetup.default_venv().name)' 2>/dev/null || echo .venv)
+VENV   ?= $(shell $(PYTHON) -c 'from toolkit.build import envsetup; print(envsetup.default_venv().name)' 2>/dev/null || echo .venv)
 BIN    := $(VENV)/bin
 # As root the two-host test (network namespaces) must run, not skip; 0 lets it skip with its reason.
 TOOLKIT_REQUIRE_MULTIHOST ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)

@@ -11,7 +11,7 @@
         session.save(checkpoint_dir, epoch=epoch)
 
 Everything written once is here: the order of an optimizer step (`_reduce_and_apply`), the
-checkpoints of the session's objects (toolkit.checkpoint's atomic, hashed folders), the loaders'
+checkpoints of the session's objects (toolkit.run.checkpoint's atomic, hashed folders), the loaders'
 positions, metrics averaged over ranks, the replica check, the NaN guard. Three objects answer the
 rest, each chosen once:
 - the framework's session (adapters/<framework>/session.py, a subclass): the tensor work
@@ -30,11 +30,13 @@ import contextlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from toolkit import checkpoint, messages, numerics, preemption, schedule
+from toolkit import messages
+from toolkit.exchange import numerics
+from toolkit.run import checkpoint, preemption, schedule
 from toolkit.adapters.framework import TensorWork
 from toolkit.adapters.loader import Loader
 from toolkit.adapters.topology import Topology, digest
-from toolkit.data import Sampler
+from toolkit.run.data import Sampler
 from toolkit.errors import ToolkitError
 
 __all__ = ["Loader", "Session", "Topology", "digest"]
@@ -57,7 +59,7 @@ class Session(TensorWork):
         self._unchecked = None      # nan_guard: the last step's (step, value, what), checked one step late
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
-        self.communication = None    # toolkit.communication.Communication, made by setup()
+        self.communication = None    # toolkit.exchange.communication.Communication, made by setup()
         self.local_digests: list[str] = []
         self._metrics = None
 
@@ -199,7 +201,7 @@ class Session(TensorWork):
         return self.config.nan_guard
 
     def _guard(self, loss) -> None:
-        """nan_guard (toolkit/numerics.py): the step's reduced gradient norm where it was measured,
+        """nan_guard (toolkit/exchange/numerics.py): the step's reduced gradient norm where it was measured,
         else its loss averaged over the ranks, else (paths that reduce inside a framework's own
         optimizer) this rank's loss, must be finite. Checked one step late, so reading it back does
         not stall the device (or MXNet's engine) on the step just queued; `_check_pending` settles
@@ -290,15 +292,15 @@ class Session(TensorWork):
         buffers = self._buffers()
         if not buffers or self.size == 1:
             return
-        from toolkit.arrays import flatten, unflatten
+        from toolkit.exchange.arrays import flatten, unflatten
         arrays = [np.asarray(b, np.float64) for b in buffers]
         flat = self.allreduce(flatten(arrays), average=True, name="toolkit.buffers")
         self._set_buffers(unflatten(flat, arrays))
 
     def should_stop(self) -> bool:
-        """Whether any rank was sent SIGTERM (or called toolkit.preemption.request()): the same answer
+        """Whether any rank was sent SIGTERM (or called toolkit.run.preemption.request()): the same answer
         on every rank, at the same step. A collective: call it once per step on every rank; then
-        save() and exit with toolkit.preemption.EXIT_CODE (the built-in trainer does)."""
+        save() and exit with toolkit.run.preemption.EXIT_CODE (the built-in trainer does)."""
         if self.size == 1:
             return preemption.requested()
         return self.mean(1.0 if preemption.requested() else 0.0, name="toolkit.should_stop") > 0
@@ -327,7 +329,7 @@ class Session(TensorWork):
         if not self.is_main or not (self.config.log_dir or self.config.wandb_project):
             return
         if self._metrics is None:
-            from toolkit.metrics import MetricsLog
+            from toolkit.run.metrics import MetricsLog
             self._metrics = MetricsLog(self.config)
         self._metrics.write(step, values)
 

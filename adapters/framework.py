@@ -12,7 +12,7 @@ import abc
 from pathlib import Path
 
 from toolkit.adapters.topology import Topology
-from toolkit.data import is_arrays
+from toolkit.run.data import is_arrays
 from toolkit.errors import ToolkitError
 
 
@@ -117,12 +117,12 @@ class TensorWork(abc.ABC):
 
     @abc.abstractmethod
     def _save_objects(self, folder: Path) -> None:
-        """Model and optimizer state into `folder` (toolkit.checkpoint makes it atomic)."""
+        """Model and optimizer state into `folder` (toolkit.run.checkpoint makes it atomic)."""
 
     @abc.abstractmethod
     def _load_objects(self, folder: Path) -> None: ...
 
-    # Communication's primitives (toolkit/communication.py): the step, split where the toolkit's
+    # Communication's primitives (toolkit/exchange/communication.py): the step, split where the toolkit's
     # exchange comes in.
     @abc.abstractmethod
     def _train_step(self, batches) -> float:
@@ -148,7 +148,7 @@ class TensorWork(abc.ABC):
     def set_state(self, arrays: list) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no local SGD (see toolkit/registry.py)")
 
-    # -- the parameter server's workers (toolkit/ps.py) --------------------------------------------------
+    # -- the parameter server's workers (toolkit/run/ps.py) --------------------------------------------------
     def weights(self) -> list:
         """The trainable parameters as numpy arrays, in local_gradients order."""
         raise NotImplementedError(f"{type(self).__name__} has no parameter server (see toolkit/registry.py)")

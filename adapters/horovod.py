@@ -12,7 +12,7 @@ from pathlib import Path
 
 from toolkit.adapters.strategy import Strategy
 from toolkit.errors import ToolkitError
-from toolkit.launch import tuning_env
+from toolkit.launch.launcher import tuning_env
 
 
 def import_horovod(module: str, framework: str):
@@ -40,7 +40,7 @@ CPU_FUSION_THRESHOLD_MB = 4
 def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
     """Fusion threshold, cycle time, timeline and stall check from the config, set before
     `hvd.init()` reads them (Horovod's own environment variables, written by the same
-    `toolkit.launch.tuning_env` as `toolkit launch`'s flags, so both agree).
+    `toolkit.launch.launcher.tuning_env` as `toolkit launch`'s flags, so both agree).
     `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
     fusion_mb = config.fusion_threshold_mb
     if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
@@ -72,7 +72,7 @@ def threads_per_rank(local_size: int | None = None) -> int:
 def start_horovod(config, module: str, framework: str, default_fusion_mb: float | None = None, comm=None):
     """Tuning from the config, `import horovod.<fw>`, hvd.init(), the op checked: every Horovod session's start.
     `comm`: an mpi4py communicator Horovod runs on instead of every rank (e.g. the parameter-server
-    job's workers, toolkit/ps.py, or a program that already uses MPI)."""
+    job's workers, toolkit/run/ps.py, or a program that already uses MPI)."""
     apply_horovod_tuning(config, default_fusion_mb)
     hvd = import_horovod(module, framework)
     hvd.init(comm=comm) if comm is not None else hvd.init()

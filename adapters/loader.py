@@ -1,14 +1,14 @@
 """A session's loader: this process's micro-batches of a dataset, its position saved with checkpoints."""
 from __future__ import annotations
 
-from toolkit.data import Sampler
+from toolkit.run.data import Sampler
 
 
 class Loader:
     """A session's loader: this process's micro-batches of a dataset, on the session's device.
 
     Iterating gives micro-batches `(x, y)`; `steps()` gives them grouped by optimizer step (the
-    built-in trainer's use). Which samples: `toolkit.data.Sampler` (one permutation per epoch,
+    built-in trainer's use). Which samples: `toolkit.run.data.Sampler` (one permutation per epoch,
     strided by replica; its position is saved with the session's checkpoints)."""
 
     def __init__(self, session, data, sampler: Sampler, batches):

@@ -27,7 +27,7 @@ class Strategy(abc.ABC):
 
     def __init__(self, config):
         self.config = config
-        # The toolkit's exchange (toolkit/communication.py) moves the gradients over this strategy's
+        # The toolkit's exchange (toolkit/exchange/communication.py) moves the gradients over this strategy's
         # collectives; else the backend reduces them itself (Horovod's distributed optimizer, ...).
         self.exchange: bool = config.toolkit_exchange
 
@@ -51,8 +51,8 @@ class Strategy(abc.ABC):
         """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
 
     def communication(self, session):
-        """The object that counts and (for the exchange) moves a step's gradients: toolkit/communication.py."""
-        from toolkit import communication
+        """The object that counts and (for the exchange) moves a step's gradients: toolkit/exchange/communication.py."""
+        from toolkit.exchange import communication
         return communication.for_session(self.config, session, exchange=self.exchange)
 
     # -- collectives ---------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from toolkit.bench import summarize
+from toolkit.planner.bench import summarize
 
 ROOT = common.ROOT
 MODEL = ["--features", "1024", "--hidden-size", "2048", "--hidden-layers", "3", "--batch-size", "64"]

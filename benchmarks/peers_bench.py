@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from toolkit.bench import summarize
+from toolkit.planner.bench import summarize
 
 ROOT = common.ROOT
 PEERS = ROOT / "benchmarks" / "peers"

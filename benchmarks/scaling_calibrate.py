@@ -7,7 +7,7 @@
    of the rounds): over Gloo and over MPI on loopback, and between the two namespace hosts of
    tests/netns_hosts.sh at 2, 3 and 4 ranks (hostA:1,hostB:1; hostA:2,hostB:1; hostA:2,hostB:2) with
    their veth link unshaped and shaped by `tc tbf` to each rate of --rates (sizes that would take
-   longer than about 3 s on the link are left out). toolkit.scaling.fit gives alpha and bandwidth per
+   longer than about 3 s on the link are left out). toolkit.planner.scaling.fit gives alpha and bandwidth per
    link: runs/scaling/calibration-<link>.json, the `--calibration` file of `toolkit plan`.
 2. **Steps.** `toolkit bench` of an MLP (3 x 1024, 3.2M parameters, batch 64) at 2, 3 and 4 ranks
    across the namespace hosts at each --check-rates rate, for none / fp16 / topk / powersgd, against
@@ -33,7 +33,7 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks import common
-from toolkit import scaling
+from toolkit.planner import scaling
 
 ROOT = common.ROOT
 
@@ -142,7 +142,7 @@ class Burst:
 
 def predict(n: int, label: str, compute_s: float, one: dict, link: scaling.Link, intra: scaling.Link,
             free: scaling.Link | None = None) -> float:
-    from toolkit import plan
+    from toolkit.planner import plan
     from toolkit.config import Config
 
     cfg = Config()

@@ -27,7 +27,7 @@ import sys
 from datetime import date
 
 from benchmarks import common
-from toolkit import scaling
+from toolkit.planner import scaling
 
 BATCH = 64
 GPUS_PER_NODE = 4

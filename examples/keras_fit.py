@@ -14,7 +14,7 @@ import sys
 
 import toolkit
 from toolkit.adapters.base import digest
-from toolkit import data as datasets
+from toolkit.run import data as datasets
 
 
 def main() -> int:

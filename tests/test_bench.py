@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tests.conftest import horovod_status, one_line_error, timeline_gradient_bytes, toolkit
-from toolkit import bench
+from toolkit.planner import bench
 
 
 def test_summary_and_efficiency_arithmetic():

@@ -1,7 +1,7 @@
 """Atomic checkpoints: keep-N, verification, and a clear error for a corrupt one."""
 import pytest
 
-from toolkit import checkpoint
+from toolkit.run import checkpoint
 from toolkit.errors import ToolkitError
 
 
@@ -74,7 +74,7 @@ def test_no_checkpoint(tmp_path):
 
 WRITER = """
 import os, sys
-from toolkit import checkpoint
+from toolkit.run import checkpoint
 i = 0
 while True:   # each step saved twice (a resumed run re-saves its step) and 2 kept: every path of save()
     checkpoint.save(sys.argv[1], i // 2, {"i": i}, lambda d: (d / "w.bin").write_bytes(os.urandom(1 << 21)), keep=2)
@@ -116,7 +116,7 @@ def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
 
 DIES_BETWEEN_RENAMES = """
 import os, sys
-from toolkit import checkpoint
+from toolkit.run import checkpoint
 real = os.rename
 def rename(src, dst):       # the replacement is about to be renamed in: die here, as kill -9 would
     if os.path.basename(str(dst)).startswith("ckpt-") and ".replaced-" not in str(src):

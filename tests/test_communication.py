@@ -1,4 +1,4 @@
-"""toolkit/communication.py and the exchange on simulated ranks: threads sharing numpy collectives.
+"""toolkit/exchange/communication.py and the exchange on simulated ranks: threads sharing numpy collectives.
 
 The adapter here is a least-squares model with SGD + momentum written in numpy, so every number
 can be checked; the real frameworks run the same code in tests/test_distributed_communication.py.
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from toolkit.communication import Communication
-from toolkit.compression import GradientExchange, TopK
+from toolkit.exchange.communication import Communication
+from toolkit.exchange.compression import GradientExchange, TopK
 from toolkit.config import Config
 
 FEATURES = 50
@@ -30,7 +30,7 @@ class Group:
 
 
 class LeastSquares:
-    """A session's tensor side (what toolkit.communication calls), in numpy: w <- w - lr * m,
+    """A session's tensor side (what toolkit.exchange.communication calls), in numpy: w <- w - lr * m,
     m <- momentum * m + grad."""
     name = "numpy"
 

@@ -1,4 +1,4 @@
-"""The toolkit's gradient compression on known tensors, on every array namespace (toolkit/arrays.py):
+"""The toolkit's gradient compression on known tensors, on every array namespace (toolkit/exchange/arrays.py):
 numpy (TensorFlow's and MXNet's gradients, and the CPU fallback) and torch tensors (CPU here, CUDA
 when a GPU is present). No MPI: collectives are simulated where a test needs ranks."""
 import threading
@@ -6,8 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-from toolkit import arrays, compression
-from toolkit.compression import (BF16, DGCExchange, GradientExchange, Int8, PowerSGDExchange, TopK, density,
+from toolkit.exchange import arrays, compression
+from toolkit.exchange.compression import (BF16, DGCExchange, GradientExchange, Int8, PowerSGDExchange, TopK, density,
                                  payload_bytes)
 
 

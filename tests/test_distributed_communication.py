@@ -11,7 +11,7 @@ from tests.helpers import assert_resumed, baseline, interrupted_copy, max_diff, 
 pytestmark = pytest.mark.distributed
 
 
-# Residuals and their checkpoints are framework-free (toolkit/communication.py): the top-k resume runs
+# Residuals and their checkpoints are framework-free (toolkit/exchange/communication.py): the top-k resume runs
 # once (torch) for the suite's time; every adapter's exchange (local_gradients, allgather, apply) runs
 # in the int8 test below.
 @pytest.mark.parametrize("fw", ["torch"], indirect=True)

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.conftest import TRAIN, digits, horovod_status, kill_rank, one_line_error, started, toolkit, train_job
-from toolkit import checkpoint
+from toolkit.run import checkpoint
 
 pytestmark = pytest.mark.distributed
 

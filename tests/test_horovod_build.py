@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import horovod_build as hb, toolchain as tc
+from toolkit.build import horovod as hb, toolchain as tc
 from toolkit.errors import ToolkitError
 
 # This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.

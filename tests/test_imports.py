@@ -14,7 +14,7 @@ def modules_after(code: str) -> set:
 
 
 def test_import_toolkit_is_light():
-    loaded = modules_after("import toolkit, toolkit.config, toolkit.launch, toolkit.registry, toolkit.cli")
+    loaded = modules_after("import toolkit, toolkit.config, toolkit.launch.launcher, toolkit.registry, toolkit.cli")
     assert not loaded & set(FRAMEWORKS), loaded & set(FRAMEWORKS)
 
 

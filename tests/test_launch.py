@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import one_line_error, run, toolkit
-from toolkit import launch
+from toolkit.launch import launcher as launch
 from toolkit.errors import ToolkitError
 
 CMD = ("python", "examples/train.py", "--framework", "torch")
@@ -85,8 +85,8 @@ def test_empty_command():
 def test_cli_dry_run_prints_the_command():
     proc = toolkit("launch", "-np", "2", "--gloo", "--dry-run", "--", "python", "x.py", "--lr", "0.1")
     assert proc.returncode == 0, proc.stderr
-    # what really runs: horovodrun as `python -m toolkit.horovodrun` (its build check made cheap)
-    assert f"{sys.executable} -m toolkit.horovodrun -np 2 -H localhost:2 --start-timeout 60 --gloo python x.py " \
+    # what really runs: horovodrun as `python -m toolkit.launch.horovodrun` (its build check made cheap)
+    assert f"{sys.executable} -m toolkit.launch.horovodrun -np 2 -H localhost:2 --start-timeout 60 --gloo python x.py " \
            "--lr 0.1" in proc.stdout
 
 
@@ -313,7 +313,7 @@ def test_launch_reads_the_elastic_block_of_the_commands_config(tmp_path):
     assert "--max-np 3" in out.stdout, out.stderr
 
 
-# -- what `toolkit launch` prints of a failed job (toolkit/launch_output.py) ----------------------
+# -- what `toolkit launch` prints of a failed job (toolkit/launch/output.py) ----------------------
 
 HOROVODRUN_GLOO_FAILURE = """\
 [0]<stderr>:toolkit: error: staleness=-1 must be >= 0
@@ -348,7 +348,7 @@ the job to be terminated. The first process to do so was:
 def relay_of(text: str, returncode: int):
     import io
 
-    from toolkit.launch_output import Relay
+    from toolkit.launch.output import Relay
     out, err = io.StringIO(), io.StringIO()
     relay = Relay(out, err)
     for line in text.splitlines(keepends=True):
@@ -421,7 +421,7 @@ def test_mpiruns_ssh_banner_is_one_line_with_sshs_reason():
 def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
     """`ssh -G` says where a host's ssh really is; a host behind a ProxyJump/ProxyCommand is left to
     ssh. A stand-in ssh points `farhost` at a closed port on loopback."""
-    from toolkit.launch import LaunchSpec, _is_this_machine, _ssh_port_answers
+    from toolkit.launch.launcher import LaunchSpec, _is_this_machine, _ssh_port_answers
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

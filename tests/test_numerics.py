@@ -1,4 +1,4 @@
-"""Gradient clipping and the NaN/Inf guard (toolkit/numerics.py), on real 2-rank jobs.
+"""Gradient clipping and the NaN/Inf guard (toolkit/exchange/numerics.py), on real 2-rank jobs.
 
 Clipping is read back from the weights, not from what the toolkit reports: with plain SGD
 (momentum 0, no weight decay) a step moves the weights by lr x the applied gradient, so
@@ -97,7 +97,7 @@ def test_clipping_where_there_is_no_reduced_gradient_is_one_line(keys, needle):
 def test_the_check_itself():
     import numpy as np
 
-    from toolkit import numerics
+    from toolkit.exchange import numerics
     from toolkit.errors import ToolkitError
     grads, norm = numerics.clip([np.full(4, 3.0, np.float32), np.full(10, 4.0, np.float32)], 6.0)
     assert norm == pytest.approx(14.0)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import (FRAMEWORKS, TRAIN, digits, horovod_status, one_line_error, rank_process, run, started,
                             train_job)
-from toolkit import checkpoint, ps
+from toolkit.run import checkpoint, ps
 from toolkit.config import Config, Optimizer
 
 pytestmark = pytest.mark.distributed

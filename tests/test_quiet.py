@@ -1,9 +1,9 @@
-"""TensorFlow's C++ start-up chatter off stderr (toolkit/quiet.py): which lines go, which stay, and
+"""TensorFlow's C++ start-up chatter off stderr (toolkit/run/quiet.py): which lines go, which stay, and
 that the relay process passes everything else through, in order, to the end."""
 import subprocess
 import sys
 
-from toolkit import quiet
+from toolkit.run import quiet
 
 RECORDED = [   # TensorFlow 2.21 on this machine: a rank's stderr before the first useful line
     (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", True),
@@ -31,7 +31,7 @@ def test_only_info_lines_and_their_continuations_are_dropped():
 
 RELAYED = """
 import os, sys
-from toolkit import quiet
+from toolkit.run import quiet
 quiet.filter_stderr()
 for line, _ in {recorded!r}:
     os.write(2, line + b"\\n")          # C++ writes straight to fd 2

@@ -1,12 +1,12 @@
-"""`toolkit plan`'s cost model (toolkit/scaling.py) on known inputs, its calibration fit, what it records
-of the toolkit's own exchanges (toolkit/plan.py), and the command's bad input."""
+"""`toolkit plan`'s cost model (toolkit/planner/scaling.py) on known inputs, its calibration fit, what it records
+of the toolkit's own exchanges (toolkit/planner/plan.py), and the command's bad input."""
 import math
 import random
 
 import pytest
 
 from tests.conftest import one_line_error, toolkit
-from toolkit import scaling
+from toolkit.planner import scaling
 
 MB = 1e6
 LINK = scaling.Link(alpha=10e-6, bandwidth=1e9)      # 10 us a message, 1 GB/s
@@ -132,7 +132,7 @@ def test_bandwidth_units(text, expected):
 
 def test_recorded_exchanges_match_their_payloads():
     pytest.importorskip("numpy")
-    from toolkit import plan
+    from toolkit.planner import plan
     from toolkit.config import Config
 
     shapes = [(64, 32), (32,), (10, 32), (10,)]          # 2410 values

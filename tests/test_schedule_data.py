@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from toolkit import data, schedule
+from toolkit.run import data, schedule
 from toolkit.config import Config, LrScaling
 
 

@@ -14,6 +14,7 @@ def start(config=None, comm=None, **keys):
     """Start this rank: resolve the config (a YAML path, a dict, a Config or nothing; then
     TOOLKIT_* variables; then keyword arguments), hvd.init, one GPU per local rank (or the CPU),
     threads, seeds; returns the framework's session. `comm`: an mpi4py communicator for Horovod."""
-    from toolkit import config as _config, run
+    from toolkit import config as _config
+    from toolkit.run import pipeline as run
 
     return run.start(_config.load(config, **keys), comm)

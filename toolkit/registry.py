@@ -16,7 +16,7 @@ from toolkit.errors import ToolkitError
 
 ALL_OPS = ("average", "sum", "adasum")
 HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, inside its allreduce
-TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk", "powersgd")  # toolkit.compression, via the session's
+TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk", "powersgd")  # toolkit.exchange.compression, via the session's
 ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
 ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
 FP16_TORCH_ONLY = ("fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch and for "

@@ -1,4 +1,4 @@
-"""An image folder (toolkit/ondisk.py checked it) through Gluon's `ImageFolderDataset`: resized to
+"""An image folder (toolkit/run/ondisk.py checked it) through Gluon's `ImageFolderDataset`: resized to
 `size`, the usual light augmentation (random crop padded by 1/8 of the side, horizontal flip) on
 training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.gluon.data.vision import transforms as T
 
-from toolkit.ondisk import IMAGENET_MEAN, IMAGENET_STD
+from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
 
 
 class _Subset(gluon.data.Dataset):
-    """The samples of `base` at `index` (toolkit/ondisk.py's held-out split)."""
+    """The samples of `base` at `index` (toolkit/run/ondisk.py's held-out split)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, list(index)

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
-from toolkit import numerics
+from toolkit.exchange import numerics
 from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
 from toolkit.adapters.mxnet.precision import Precision, float32 as _float32

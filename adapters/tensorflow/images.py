@@ -1,13 +1,13 @@
-"""An image folder (toolkit/ondisk.py checked it) through `keras.utils.image_dataset_from_directory`:
+"""An image folder (toolkit/run/ondisk.py checked it) through `keras.utils.image_dataset_from_directory`:
 resized to `size`, the usual light augmentation (random crop padded by 1/8 of the side, horizontal
 flip) on training images when `augment`, ImageNet's normalisation. A folder of class folders only is
-split by toolkit/ondisk.py's fixed held-out files (the same files as torch and MXNet hold out)."""
+split by toolkit/run/ondisk.py's fixed held-out files (the same files as torch and MXNet hold out)."""
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
-from toolkit.ondisk import IMAGENET_MEAN, IMAGENET_STD
+from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
 
 
 def read(folder, config, size: int):

@@ -6,7 +6,7 @@ strategy's allreduce per gradient), unscales them (fp16, the precision's), measu
 reduced gradient, adds coupled L2 weight decay (the same meaning as torch's and MXNet's
 `weight_decay`) and applies them or (fp16 overflow) skips, in one graph call (`train_step`, as
 Horovod's own TF2 examples do), or after the user's own `backward(loss, tape)` calls (`step`). With
-the toolkit's exchange the reduce is left out and toolkit/communication.py moves the gradients.
+the toolkit's exchange the reduce is left out and toolkit/exchange/communication.py moves the gradients.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An image folder (toolkit/ondisk.py checked it) through torchvision's `ImageFolder`: resized to
+"""An image folder (toolkit/run/ondisk.py checked it) through torchvision's `ImageFolder`: resized to
 `size`, the usual light augmentation (random crop padded by 1/8 of the side, horizontal flip) on
 training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torchvision
 from torchvision import transforms as T
 
 from toolkit.errors import ToolkitError
-from toolkit.ondisk import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD
+from toolkit.run.ondisk import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD
 
 
 def read(folder, config, size: int):

@@ -134,11 +134,11 @@ class TorchSession(Session):
 
     @property
     def array_ops(self):
-        """Where the toolkit's exchange runs (toolkit/arrays.py): on a GPU, torch tensors on it (no host
+        """Where the toolkit's exchange runs (toolkit/exchange/arrays.py): on a GPU, torch tensors on it (no host
         copy); on the CPU, numpy views of the same memory (no copy either; numpy's single-thread
         kernels measured faster than torch's for top-k's selection, docs/COMMUNICATION.md)."""
         if self._array_ops is None:
-            from toolkit import arrays
+            from toolkit.exchange import arrays
             self._array_ops = (arrays.Torch(self.torch_device) if self.torch_device.type == "cuda"
                                else arrays.numpy_ops())
         return self._array_ops

@@ -1,4 +1,4 @@
-"""`toolkit bench`: the synthetic benchmark over a list of world sizes (toolkit/bench.py)."""
+"""`toolkit bench`: the synthetic benchmark over a list of world sizes (toolkit/planner/bench.py)."""
 import argparse
 import json
 import sys
@@ -32,7 +32,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import bench, config
+    from toolkit import config
+    from toolkit.planner import bench
 
     options = bench.Options(features=args.features, classes=args.classes, warmup=args.warmup,
                             iters=args.iters, steps_per_iter=args.steps_per_iter)

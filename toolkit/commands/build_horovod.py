@@ -1,6 +1,6 @@
-"""`toolkit build-horovod`: Horovod (the version toolkit/pins.py pins) built against this environment's frameworks,
+"""`toolkit build-horovod`: Horovod (the version toolkit/build/pins.py pins) built against this environment's frameworks,
 cached."""
-from toolkit import pins
+from toolkit.build import pins
 
 
 def register(sub) -> None:
@@ -31,9 +31,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import horovod_build
+    from toolkit.build import horovod as horovod_build
 
-    from toolkit import toolchain
+    from toolkit.build import toolchain
     from toolkit.errors import ToolkitError
 
     spec = horovod_build.BuildSpec(

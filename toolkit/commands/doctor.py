@@ -9,7 +9,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import config, doctor
+    from toolkit import config
+    from toolkit.build import doctor
 
     framework = args.framework or config.resolve({}).framework
     return doctor.report(framework)

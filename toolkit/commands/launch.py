@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import launch
+    from toolkit.launch import launcher as launch
 
     from toolkit import registry
     from toolkit.errors import ToolkitError
@@ -75,7 +75,7 @@ def run(args) -> int:
                              network_interface=args.network_interface, env=tuple(env),
                              ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file)
     if args.emit:
-        from toolkit import recipes
+        from toolkit.launch import recipes
         if args.emit == "slurm":
             sys.stdout.write(recipes.slurm(spec, args.timeout, args.gpus))
         else:

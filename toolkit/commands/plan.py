@@ -1,4 +1,4 @@
-"""`toolkit plan`: predicted scaling per communication method on a cluster (toolkit/plan.py, toolkit/scaling.py)."""
+"""`toolkit plan`: predicted scaling per communication method on a cluster (toolkit/planner/plan.py, toolkit/planner/scaling.py)."""
 import json
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 
 def register(sub) -> None:
     from toolkit import config
-    from toolkit.plan import METHODS
+    from toolkit.planner.plan import METHODS
 
     p = sub.add_parser("plan", help="predict scaling efficiency and samples/s on N GPUs for each communication method",
                        usage="toolkit plan [--bench runs/bench | --step-ms MS] [--gpus 8,64,512] "
@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 def cluster_from(args):
     """The cluster from the flags (or a calibration file): every flag checked before anything runs."""
-    from toolkit import scaling
+    from toolkit.planner import scaling
     from toolkit.errors import ToolkitError
 
     gpus = scaling.parse_counts(args.gpus, "--gpus")
@@ -80,7 +80,8 @@ def cluster_from(args):
 def run(args) -> int:
     from dataclasses import replace
 
-    from toolkit import bench, config, plan
+    from toolkit import config
+    from toolkit.planner import bench, plan
 
     cluster, gpus, words = cluster_from(args)
     names = plan.parse_methods(args.methods)
@@ -103,5 +104,5 @@ def run(args) -> int:
 
 
 def _link(values: dict):
-    from toolkit import scaling
+    from toolkit.planner import scaling
     return scaling.Link(float(values["alpha"]), float(values["bandwidth"]), float(values.get("overhead", 0.0)))

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import envsetup
+    from toolkit.build import envsetup
 
     build_args = list(args.build_args)
     if args.wheelhouse:

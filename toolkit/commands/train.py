@@ -10,6 +10,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit import config, run as pipeline
+    from toolkit import config
+    from toolkit.run import pipeline
 
     return pipeline.main(config.resolve(args))

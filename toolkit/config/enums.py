@@ -23,7 +23,7 @@ class Model(str, enum.Enum):
 
 
 IMAGE_MODELS = (Model.RESNET18.value, Model.RESNET50.value)
-# Datasets read from disk by each framework's own readers (toolkit/ondisk.py): `KIND:PATH`.
+# Datasets read from disk by each framework's own readers (toolkit/run/ondisk.py): `KIND:PATH`.
 ON_DISK = ("imagefolder", "cifar10", "text")
 
 
@@ -41,7 +41,7 @@ class LrScaling(str, enum.Enum):
 class Compression(str, enum.Enum):
     NONE = "none"
     FP16 = "fp16"           # Horovod's own, inside its allreduce
-    BF16 = "bf16"           # the rest are the toolkit's (toolkit/compression.py)
+    BF16 = "bf16"           # the rest are the toolkit's (toolkit/exchange/compression.py)
     INT8 = "int8"
     TOPK = "topk"
     POWERSGD = "powersgd"
@@ -53,7 +53,7 @@ TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK, Co
 class Sync(str, enum.Enum):
     EVERY_STEP = "every_step"   # gradients exchanged every optimizer step
     LOCAL_SGD = "local_sgd"     # local_steps local steps, then the models are averaged
-    ASYNC_PS = "async_ps"       # parameter server (toolkit/ps.py), workers never wait for each other
+    ASYNC_PS = "async_ps"       # parameter server (toolkit/run/ps.py), workers never wait for each other
     SSP = "ssp"                 # parameter server, no worker more than `staleness` steps ahead
 
 

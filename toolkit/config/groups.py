@@ -129,7 +129,7 @@ class CommunicationConfig:
 
 @dataclass(frozen=True)
 class ParameterServerConfig:
-    """sync async_ps / ssp: the parameter server (toolkit/ps.py)."""
+    """sync async_ps / ssp: the parameter server (toolkit/run/ps.py)."""
     group = "parameter_server"
     staleness: Optional[int] = _f(None, "sync ssp: the most steps a worker may run ahead of the slowest; "
                                         "unset = {unset}", unset=4)

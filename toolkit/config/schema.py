@@ -40,9 +40,9 @@ class Config(metaclass=_Complete):
     """Every key of every group (groups.py), validated (rules.py), complete (derived.py)."""
 
     def quiet_framework_logs(self) -> None:
-        """Before the framework is imported: TensorFlow's C++ INFO lines off stderr (toolkit/quiet.py)."""
+        """Before the framework is imported: TensorFlow's C++ INFO lines off stderr (toolkit/run/quiet.py)."""
         if self.framework == "tensorflow" and not self.framework_logs:
-            from toolkit import quiet
+            from toolkit.run import quiet
             quiet.filter_stderr()
 
     def __post_init__(self):
@@ -77,8 +77,8 @@ class Config(metaclass=_Complete):
 
     @property
     def toolkit_exchange(self) -> bool:
-        """Whether the toolkit moves the gradients (toolkit/communication.py or, for a parameter
-        server, toolkit/ps.py) instead of Horovod's optimizer."""
+        """Whether the toolkit moves the gradients (toolkit/exchange/communication.py or, for a parameter
+        server, toolkit/run/ps.py) instead of Horovod's optimizer."""
         return self.compression in TOOLKIT_COMPRESSIONS or self.sync in (Sync.LOCAL_SGD, *PS_SYNCS)
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Horovod's MXNet API has no `backward_passes_per_step` and no `op`: gradients add
 (`Trainer.update(samples)`: the mean over every sample of the k micro-batches, as one large batch);
 `op: sum` is the average times the world size, passed through the update's batch size. Adasum is
 refused at config time (toolkit/registry.py). With the toolkit's exchange the Trainer is a plain
-local `gluon.Trainer` and toolkit/communication.py moves the gradients.
+local `gluon.Trainer` and toolkit/exchange/communication.py moves the gradients.
 """
 from __future__ import annotations
 

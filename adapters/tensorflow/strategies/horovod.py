@@ -4,7 +4,7 @@
 Keras 3 integration on top of `horovod.tensorflow`: one GPU per local rank, rank 0's variables
 broadcast, and inside the session's step graph one `hvd.allreduce` per gradient (fused by Horovod,
 with the configured compression and op) and the loss averaged for nan_guard. With the toolkit's
-exchange the step graph leaves the allreduce out and toolkit/communication.py moves the gradients.
+exchange the step graph leaves the allreduce out and toolkit/exchange/communication.py moves the gradients.
 `model.fit` users: `fit_optimizer` / `fit_callbacks` (adapters/tensorflow/fit.py).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ allreduce as soon as the backward pass has made it; the step is Horovod's docume
 `synchronize()` (the reduce), then the facade's unscale and clipping, then `step()` under
 `skip_synchronize()`. Adasum reduces updates, not gradients: its step stays whole (clipping and
 fp16 are refused with it). With the toolkit's exchange the optimizer stays local and
-toolkit/communication.py moves the gradients over `allgather` / `allreduce` here.
+toolkit/exchange/communication.py moves the gradients over `allgather` / `allreduce` here.
 """
 from __future__ import annotations
 

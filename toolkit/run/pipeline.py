@@ -3,10 +3,10 @@
     resolve -> quiet logs -> start -> setup -> loaders -> resume -> (train) -> summary -> exit code
 
 - a user's script: `toolkit.start(...)` runs resolve, quiet logs and start, and goes on by itself;
-- `toolkit train` / examples/train.py: all of it (`main`), training by toolkit/trainer.py;
-- the parameter server's workers (toolkit/ps.py): start on their communicator, setup, loaders, their
+- `toolkit train` / examples/train.py: all of it (`main`), training by toolkit/run/trainer.py;
+- the parameter server's workers (toolkit/run/ps.py): start on their communicator, setup, loaders, their
   own loop, the same summary;
-- `toolkit bench` (toolkit/bench.py): start, setup, one batch, timed steps.
+- `toolkit bench` (toolkit/planner/bench.py): start, setup, one batch, timed steps.
 
 Every stage is written once here or in toolkit/api.py (what a model and loaders are made of), and
 the JSON summary's common part is built here once.
@@ -18,7 +18,8 @@ import math
 import sys
 from pathlib import Path
 
-from toolkit import api, checkpoint
+from toolkit import api
+from toolkit.run import checkpoint
 from toolkit.errors import ToolkitError
 
 
@@ -105,7 +106,7 @@ def summary(config, session, *, world_size: int, processes: int, path: str, step
 
 def main(config) -> int:
     """`toolkit train`: the whole pipeline on this rank; rank 0 prints the summary as one JSON line."""
-    from toolkit import trainer
+    from toolkit.run import trainer
 
     result = trainer.run(config)
     if result.pop("rank") == 0:

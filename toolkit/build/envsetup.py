@@ -16,11 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolkit import pins
+from toolkit.build import pins
 from toolkit.errors import ToolkitError
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIM = Path(__file__).resolve().parent / "shims" / "toolkit_numpy_compat.py"
+ROOT = Path(__file__).resolve().parents[2]       # the checkout: toolkit/build/envsetup.py
+SHIM = Path(__file__).resolve().parents[1] / "shims" / "toolkit_numpy_compat.py"
 STAMP = ".toolkit-pins"
 
 
@@ -128,7 +128,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
         wheels = framework_wheels(python, list(pins.HOROVOD_FRAMEWORKS), gpu)
         for fw, req in wheels.items():
             if req:
-                say(f"setup: {fw} left out: no {req} wheel for Python {py} (toolkit/pins.py; "
+                say(f"setup: {fw} left out: no {req} wheel for Python {py} (toolkit/build/pins.py; "
                     f"Python {pins.PYTHON} has all three)")
         frameworks = [fw for fw, req in wheels.items() if not req]
         if not frameworks:

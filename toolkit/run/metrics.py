@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from toolkit import pins
+from toolkit.build import pins
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 

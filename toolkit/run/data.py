@@ -3,7 +3,7 @@
 `digits` is the real 8x8 handwritten digits set that scikit-learn ships (1797 images, no
 download); `synthetic` is a learnable problem shaped for the model (a linear teacher on vectors,
 on pooled images for the ResNets, a fixed next-token rule for the language model). On-disk
-datasets (`imagefolder:`, `cifar10:`, `text:`) come from toolkit/ondisk.py and the framework's
+datasets (`imagefolder:`, `cifar10:`, `text:`) come from toolkit/run/ondisk.py and the framework's
 own image reader. numpy is imported lazily.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def datasets(config: Config) -> Datasets:
 
 
 def _on_disk(config: Config, kind: str, path: str) -> Datasets:
-    from toolkit import ondisk
+    from toolkit.run import ondisk
     if kind == "text":
         train, evaluation = ondisk.text(config.dataset, path, config.context)
         return Datasets(train, evaluation, config.context, ondisk.VOCAB, (config.context,))
@@ -104,7 +104,7 @@ def synthetic_tokens(config: Config, counts=SYNTHETIC_IMAGES) -> Datasets:
     """Byte-token windows of a fixed rule (the next token is a fixed permutation of the current one,
     one in ten replaced at random): a language model's loss falls on it."""
     import numpy as np
-    from toolkit.ondisk import VOCAB
+    from toolkit.run.ondisk import VOCAB
     rng = np.random.RandomState(1234)
     successor = rng.permutation(VOCAB)
     out = []
@@ -128,7 +128,7 @@ def random_batch(config: Config, n: int, features: int, classes: int, rng):
         x = rng.standard_normal((n, *shape)).astype(np.float32)
         return (x, rng.randint(0, classes, n).astype(np.int64)), int(np.prod(shape)), classes, shape
     if config.model == Model.TRANSFORMER_LM.value:
-        from toolkit.ondisk import VOCAB
+        from toolkit.run.ondisk import VOCAB
         tokens = rng.randint(0, VOCAB, (n, config.context + 1)).astype(np.int64)
         return (tokens[:, :-1].copy(), tokens[:, 1:].copy()), config.context, VOCAB, (config.context,)
     x = rng.standard_normal((n, features)).astype(np.float32)

@@ -354,11 +354,11 @@ def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[st
 
 
 def command_line(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """What `run` starts (and `--dry-run` prints): `plan`'s horovodrun as `python -m toolkit.horovodrun`
+    """What `run` starts (and `--dry-run` prints): `plan`'s horovodrun as `python -m toolkit.launch.horovodrun`
     when Horovod is installed here (the same horovodrun, started about 3 s sooner)."""
     argv, env = plan(spec, environ)
     if argv[0] == "horovodrun" and importlib.util.find_spec("horovod") is not None:
-        argv = [sys.executable, "-m", "toolkit.horovodrun", *argv[1:]]
+        argv = [sys.executable, "-m", "toolkit.launch.horovodrun", *argv[1:]]
     return argv, env
 
 
@@ -372,7 +372,7 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
         fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
-    from toolkit.launch_output import Relay
+    from toolkit.launch.output import Relay
 
     relay = Relay()
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
@@ -399,7 +399,7 @@ def _timed_out(timeout: float) -> ToolkitError:
 
 def _run_workers(workers, timeout: Optional[float]) -> int:
     """Start every worker; the first non-zero exit stops the rest and is the job's exit code."""
-    from toolkit.launch_output import Relay
+    from toolkit.launch.output import Relay
 
     relay = Relay()
     procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -454,7 +454,7 @@ def local_ranks(proc: subprocess.Popen) -> list:
 def forward_sigterm(*procs: subprocess.Popen) -> None:
     """SIGTERM to `toolkit launch` (Slurm's and Kubernetes' notice before they stop a job) goes to the
     local ranks themselves, not to the launcher, which would kill them 5 s later (horovodrun): they
-    finish their step, rank 0 checkpoints, they exit 75 and so does the job (toolkit/preemption.py).
+    finish their step, rank 0 checkpoints, they exit 75 and so does the job (toolkit/run/preemption.py).
     One rank receiving it is enough: they agree at the next step. A second SIGTERM stops the job."""
     previous = []
 

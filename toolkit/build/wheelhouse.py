@@ -20,8 +20,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from toolkit import pins
-from toolkit.checkpoint import sha256
+from toolkit.build import pins
+from toolkit.run.checkpoint import sha256
 from toolkit.errors import ToolkitError
 
 MANIFEST = "manifest.json"

@@ -1,4 +1,4 @@
-"""Gradient compression, each method written once on the array namespace of toolkit/arrays.py
+"""Gradient compression, each method written once on the array namespace of toolkit/exchange/arrays.py
 (torch tensors on their device, or numpy): bf16, int8, top-k (+ DGC), PowerSGD, error feedback.
 
 Two ways over the wire:
@@ -8,7 +8,7 @@ Two ways over the wire:
   result on every rank, bit for bit. bf16 cannot ride on Horovod's allreduce (Horovod 0.28.1 refuses
   bfloat16 tensors: torch "Tensor type torch.BFloat16Tensor is not supported", TensorFlow "Value for
   attr 'T' of bfloat16 is not in the list of allowed values"), nor can int8 (a sum of int8 values
-  overflows); fp16 does, as Horovod's own compression (toolkit/communication.py).
+  overflows); fp16 does, as Horovod's own compression (toolkit/exchange/communication.py).
 - **PowerSGD** (Vogels et al. 2019) allreduces: a gradient matrix M (n x m, a tensor's first axis by
   the rest) becomes P = M Q (n x r), allreduced and orthonormalised, then Q = M^T P (m x r),
   allreduced; every rank rebuilds P Q^T. Q is warm-started from the previous step. Vectors and
@@ -32,7 +32,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from toolkit import arrays
+from toolkit.exchange import arrays
 
 INT8_BLOCK = 256      # values that share one float32 scale
 ALIGN = 8             # payload parts are padded to 8 bytes so each can be viewed as its dtype in place
@@ -360,7 +360,7 @@ class DGCExchange(GradientExchange):
     target_ratio: float = 0.01
     warmup_epochs: int = 4
     masking: bool = True                       # momentum factor masking (the paper's; measured in docs)
-    epoch: int = 0                             # set by toolkit/communication.py before each step
+    epoch: int = 0                             # set by toolkit/exchange/communication.py before each step
     momentum_buffer: object = None
     segments: list = None                      # (start, size) of each gradient matrix, top-k'd on its own
     whole: object = None                       # positions of the vectors' values, always sent
@@ -440,7 +440,7 @@ class PowerSGDExchange(GradientExchange):
     """PowerSGD rank `rank` through two allreduces per step (see the module's docstring)."""
     rank: int = 1
     warmup_steps: int = 0                      # steps allreduced whole first (torch's start_powerSGD_iter)
-    step: int = 0                              # the global step, set by toolkit/communication.py
+    step: int = 0                              # the global step, set by toolkit/exchange/communication.py
     shapes: list = None                        # the gradients' shapes, set at the first step
     q: object = None                           # every compressed matrix's Q, one flat buffer
     plan: list = None                          # (start, rows, cols, compressed, q_start) per gradient

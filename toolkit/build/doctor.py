@@ -8,7 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from toolkit import horovod_build, pins, registry
+from toolkit import registry
+from toolkit.build import horovod as horovod_build, pins
 
 _PROBE = r"""
 import json, sys
@@ -86,8 +87,8 @@ ALL = "all"
 
 
 def _check_toolchain() -> None:
-    """What a build here would use (toolkit/toolchain.py), and what the installed build was made with."""
-    from toolkit import toolchain
+    """What a build here would use (toolkit/build/toolchain.py), and what the installed build was made with."""
+    from toolkit.build import toolchain
 
     found = toolchain.detect()
     built = horovod_build.installed_build() or {}

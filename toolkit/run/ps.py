@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit import checkpoint, data as datasets, numerics, schedule
-from toolkit.arrays import flatten, unflatten
+from toolkit.exchange import numerics
+from toolkit.run import checkpoint, data as datasets, schedule
+from toolkit.exchange.arrays import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
 from toolkit.errors import ToolkitError
 from toolkit.messages import print_error, say
@@ -269,8 +270,8 @@ def summarize(stats: dict) -> dict:
 
 
 def run(config: Config) -> dict:
-    """Every rank of a parameter-server job calls this (from toolkit.trainer.run)."""
-    from toolkit import run as pipeline
+    """Every rank of a parameter-server job calls this (from toolkit.run.trainer.run)."""
+    from toolkit.run import pipeline
 
     world = _world()
     size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers

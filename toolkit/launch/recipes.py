@@ -15,8 +15,8 @@ import shlex
 from typing import Optional
 
 from toolkit.errors import ToolkitError
-from toolkit.launch import LaunchSpec, parse_hosts
-from toolkit.preemption import EXIT_CODE
+from toolkit.launch.launcher import LaunchSpec, parse_hosts
+from toolkit.run.preemption import EXIT_CODE
 
 EMITS = ("slurm", "mpijob")
 
@@ -62,7 +62,7 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
     if folder is None:
         lines.append(srun)
         return "\n".join(lines) + "\n"
-    # Preemption (toolkit/preemption.py): SIGTERM to every task GRACE s before the time limit; the ranks
+    # Preemption (toolkit/run/preemption.py): SIGTERM to every task GRACE s before the time limit; the ranks
     # finish their step, rank 0 checkpoints, they exit 75; the job is requeued and resumes.
     lines[6:6] = [f"#SBATCH --signal=TERM@{GRACE_SECONDS}", "#SBATCH --requeue"]
     lines += ["# A run after a preemption (exit 75, requeued) resumes from the newest checkpoint.",
@@ -103,7 +103,7 @@ def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = No
     worker = {"name": "worker", "image": image, "env": [dict(e) for e in env]}   # copies: no YAML anchors
     if gpus:
         worker["resources"] = {"limits": {"nvidia.com/gpu": per_node}}
-    # Preemption (toolkit/preemption.py): a worker pod's SIGTERM reaches only its PID 1 (sshd), so a
+    # Preemption (toolkit/run/preemption.py): a worker pod's SIGTERM reaches only its PID 1 (sshd), so a
     # preStop hook passes it to the ranks and waits while they finish the step and rank 0 checkpoints.
     ranks = shlex.quote(" ".join(spec.command[:2]))
     worker["lifecycle"] = {"preStop": {"exec": {"command": [

@@ -1,7 +1,7 @@
 """The array namespace the gradient exchange is written on: the few operations it needs, on numpy
 arrays or on torch tensors on their own device.
 
-toolkit/compression.py implements each method (bf16, int8, top-k, DGC, PowerSGD) once, calling
+toolkit/exchange/compression.py implements each method (bf16, int8, top-k, DGC, PowerSGD) once, calling
 only these. A session says which namespace its gradients live in (`Session.array_ops`): torch's
 gradients stay torch tensors on the rank's device (no host copy on a GPU, torch's own kernels on
 the CPU), TensorFlow's and MXNet's arrive as numpy (the CPU fallback: on a GPU they cross to the

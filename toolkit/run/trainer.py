@@ -11,7 +11,7 @@ import sys
 import time
 import types
 
-from toolkit import data as datasets, metrics as metrics_log, preemption, run as pipeline
+from toolkit.run import data as datasets, metrics as metrics_log, preemption, pipeline
 from toolkit.messages import say
 from toolkit.config import PS_SYNCS, Config
 from toolkit.errors import ToolkitError
@@ -40,8 +40,8 @@ def _preempted(config: Config, session, state, epoch: int) -> None:
 
 def run(config: Config) -> dict:
     metrics_log.check(config)
-    if config.sync in PS_SYNCS:         # a parameter server job: its own loop (toolkit/ps.py)
-        from toolkit import ps
+    if config.sync in PS_SYNCS:         # a parameter server job: its own loop (toolkit/run/ps.py)
+        from toolkit.run import ps
         return ps.run(config)
     session = pipeline.start(config)
     data = datasets.datasets(config)
@@ -132,7 +132,7 @@ def run(config: Config) -> dict:
                 state.commit()
 
     if config.elastic:
-        from toolkit import elastic
+        from toolkit.run import elastic
         state = elastic.run(session, train, **progress)
         session.refresh_topology()
     else:

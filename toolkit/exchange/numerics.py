@@ -26,9 +26,9 @@ def clip_factor(norm: float, max_norm: float | None) -> float | None:
 
 
 def clip(grads: list, max_norm: float | None, ops=None) -> tuple[list, float]:
-    """Gradients (in the namespace `ops` of toolkit/arrays.py, numpy by default) scaled so their global
+    """Gradients (in the namespace `ops` of toolkit/exchange/arrays.py, numpy by default) scaled so their global
     L2 norm is at most `max_norm`; (grads, norm before)."""
-    from toolkit import arrays
+    from toolkit.exchange import arrays
     ops = ops or arrays.numpy_ops()
     norm = math.sqrt(sum(ops.dot(g.reshape(-1)) for g in grads))
     if (factor := clip_factor(norm, max_norm)) is not None:

@@ -4,10 +4,10 @@ Inputs: one worker's step (compute time and gradient shapes) from `toolkit bench
 bench.json, or the plan runs the bench itself), or a step time given; the cluster as flags or as a
 calibration file (benchmarks/scaling_calibrate.py). Each method's bytes come from the code that counts
 `bytes_sent_per_step` in training: Horovod's path counts 4 bytes a value (2 with fp16,
-toolkit/communication.py), and the toolkit's exchanges (bf16, int8, topk, powersgd) are run once
+toolkit/exchange/communication.py), and the toolkit's exchanges (bf16, int8, topk, powersgd) are run once
 here on gradients of the model's shapes, through a recorder in place of the collectives, which
 notes each collective and its bytes (`record`); the same run times their compression work on this
-machine's CPU (numpy), unless `--compression-ms` gives it. toolkit/scaling.py prices it all.
+machine's CPU (numpy), unless `--compression-ms` gives it. toolkit/planner/scaling.py prices it all.
 Output: a table (efficiency and samples/s per method and GPU count), plan.json, plan.png and the
 method recommended, with its reason.
 """
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit import scaling
+from toolkit.planner import scaling
 from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
 
@@ -106,8 +106,8 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     compress once plus one decode-and-add per rank."""
     import numpy as np
 
-    from toolkit import arrays
-    from toolkit.communication import make_exchange
+    from toolkit.exchange import arrays
+    from toolkit.exchange.communication import make_exchange
 
     cfg = exchange_config(config, name)
     ops = arrays.numpy_ops()

@@ -9,7 +9,7 @@ session (adapters/base.py) calls `step` (its `train_step`: forward, backward and
   a value, 2 with fp16.
 - The toolkit's exchange (compression bf16, int8, topk): the session hands over this rank's
   gradients (`local_gradients`, accumulation included, so compression happens once per optimizer
-  step), `toolkit.compression.GradientExchange` compresses, exchanges and averages them with error
+  step), `toolkit.exchange.compression.GradientExchange` compresses, exchanges and averages them with error
   feedback, and the session applies the result (`apply_gradients`).
 - Local SGD (Stich 2019; post-local SGD, Lin et al. 2020): after `sync_warmup_steps` synchronous
   steps (exchanged as above, compressed if asked), each rank applies its own gradients and every
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit import arrays, numerics
-from toolkit.compression import DGCExchange, GradientExchange, PowerSGDExchange, make
+from toolkit.exchange import arrays, numerics
+from toolkit.exchange.compression import DGCExchange, GradientExchange, PowerSGDExchange, make
 from toolkit.config import Compression, Config, Op, Sync
 
 STATE_FILE = "communication.npz"

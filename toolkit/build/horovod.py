@@ -3,7 +3,7 @@
 The stock build fails on today's frameworks (torch >= 2.1, TensorFlow >= 2.19) and toolchains (GCC
 >= 13, CMake >= 4, NCCL and CUDA's compiler from pip wheels). Every workaround is one row of
 WORKAROUNDS, with the error it fixes and when it applies, judged from the detected toolchain
-(toolkit/toolchain.py); `toolkit build-horovod --explain` prints the table for this machine.
+(toolkit/build/toolchain.py); `toolkit build-horovod --explain` prints the table for this machine.
 `toolkit setup` and the Docker images both come through `toolkit build-horovod`.
 
 The build runs in the *current* Python environment (it must see the frameworks:
@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from toolkit import pins, toolchain as toolchain_mod, wheelhouse
+from toolkit.build import pins, toolchain as toolchain_mod, wheelhouse
 from toolkit.errors import ToolkitError
 
 ALL_FRAMEWORKS = tuple(pins.HOROVOD_FRAMEWORKS)

@@ -7,7 +7,7 @@ Two halves. `measure()` runs on every rank of one launched job: the same session
 uses (`toolkit.start`, `setup` of the built-in MLP, `train_step`), so the benchmark times the
 toolkit's real step, on one fixed random batch already on the device (no data loading, as in
 Horovod's script); each timed iteration ends by reading the loss back, so queued device work counts. `run()` is the parent: it launches
-one job per world size through toolkit.launch, reads each job's result file, prints the table and
+one job per world size through toolkit.launch.launcher, reads each job's result file, prints the table and
 writes `bench.json` and `bench.png` (matplotlib, imported only there).
 
 A result file is `{"rates": [[samples/s of each timed iteration] per worker], ...}`; the peer
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit import launch
+from toolkit.launch import launcher as launch
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -60,8 +60,8 @@ def measure(config: Config, options: Options) -> dict | None:
     """Time the toolkit's step on this rank; rank 0 returns every worker's rates, the others None."""
     import numpy as np
 
-    from toolkit import run
-    from toolkit.data import random_batch
+    from toolkit.run import pipeline as run
+    from toolkit.run.data import random_batch
 
     session = run.start(config)
     rng = np.random.RandomState(config.seed)
@@ -82,7 +82,7 @@ def measure(config: Config, options: Options) -> dict | None:
             loss = session.train_step(batches)
         session.to_float(loss)                  # the last step has finished
         rates.append(samples / (time.perf_counter() - t0))
-    per_rank = session.allgather_object([rates] * session.replicas, name="toolkit.bench.rates")
+    per_rank = session.allgather_object([rates] * session.replicas, name="toolkit.planner.bench.rates")
     if session.rank != 0:
         return None
     return {"rates": [r for ranks in per_rank for r in ranks], "path": session.communication.describe(session.path),
