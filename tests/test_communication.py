@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from toolkit.exchange.communication import Communication
-from toolkit.exchange.compression import GradientExchange, TopK
+from toolkit.exchange.compression import TopK
+from toolkit.exchange.exchanges import GradientExchange
 from toolkit.config import Config
 
 FEATURES = 50

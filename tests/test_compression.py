@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from toolkit.exchange import arrays, compression
-from toolkit.exchange.compression import (BF16, DGCExchange, GradientExchange, Int8, PowerSGDExchange, TopK, density,
-                                 payload_bytes)
+from toolkit.exchange.compression import BF16, Int8, TopK, density, payload_bytes
+from toolkit.exchange.exchanges import DGCExchange, GradientExchange, PowerSGDExchange
 
 
 def namespaces():

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.build import horovod as hb, toolchain as tc
+from toolkit.build import horovod as hb, toolchain as tc, workarounds as wa
 from toolkit.errors import ToolkitError
 
 # This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.
@@ -13,9 +13,9 @@ TOOLCHAIN = tc.Toolchain(python=(3, 11), compiler="c++", compiler_id="gcc", comp
 
 
 def test_env_has_the_workarounds(tmp_path):
-    ops = tmp_path / "src" / hb.OPERATIONS_CC      # a stand-in: the three ops that log a queued name
+    ops = tmp_path / "src" / wa.OPERATIONS_CC      # a stand-in: the three ops that log a queued name
     ops.parent.mkdir(parents=True)
-    ops.write_text("\n}\n".join([hb._ENQUEUED_LOG] * 3))
+    ops.write_text("\n}\n".join([wa._ENQUEUED_LOG] * 3))
     env, applied = hb.build_env(hb.BuildSpec(), tmp_path, {"CXXFLAGS": "-O2", "HOROVOD_WITHOUT_MXNET": "1"},
                                 TOOLCHAIN, source=tmp_path / "src")
     assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers", "mxnet-enqueue-name"]
@@ -96,7 +96,7 @@ def _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",)), base=None, **ch
 def test_gcc_13_gets_the_missing_includes_and_gcc_14_the_flatbuffers_fix(tmp_path, compiler_id, version, includes,
                                                                            patch):
     import dataclasses
-    header = tmp_path / "src" / hb.FLATBUFFERS_SPAN
+    header = tmp_path / "src" / wa.FLATBUFFERS_SPAN
     header.parent.mkdir(parents=True)
     header.write_text("  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=(...)\n  const size_type count_;\n")
     env, applied = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, {},
@@ -118,14 +118,14 @@ def test_the_source_patches_match_horovods_own_files(tmp_path):
     if proc.returncode != 0:
         pytest.skip("no package index to download Horovod's sdist from")
     source = hb._unpack(str(next(tmp_path.glob("horovod-*.tar.gz"))), tmp_path / "work")
-    build = hb.Build(hb.BuildSpec(), TOOLCHAIN, tmp_path, {}, source)
-    hb._flatbuffers_span(build)
-    assert "  size_type count_;" in (source / hb.FLATBUFFERS_SPAN).read_text().splitlines()
-    hb._enqueued_name_copy(build)
-    ops = (source / hb.OPERATIONS_CC).read_text()
+    build = wa.Build(hb.BuildSpec(), TOOLCHAIN, tmp_path, {}, source)
+    wa._flatbuffers_span(build)
+    assert "  size_type count_;" in (source / wa.FLATBUFFERS_SPAN).read_text().splitlines()
+    wa._enqueued_name_copy(build)
+    ops = (source / wa.OPERATIONS_CC).read_text()
     assert ops.count('<< "Enqueued " << enqueued_name;') == 3 and '<< "Enqueued " << name;' not in ops
     with pytest.raises(ToolkitError, match="mxnet-enqueue-name: horovod/common/operations.cc is not the file"):
-        hb._enqueued_name_copy(build)           # applied twice (or another Horovod): refused, not half-done
+        wa._enqueued_name_copy(build)           # applied twice (or another Horovod): refused, not half-done
 
 
 def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):
@@ -139,8 +139,8 @@ def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):
 
 
 def test_cffi_is_installed_first_only_for_torch_and_only_when_missing(tmp_path):
-    build = hb.Build(hb.BuildSpec(frameworks=("torch",)), TOOLCHAIN, tmp_path, {})
-    cffi = next(w for w in hb.WORKAROUNDS if w.name == "cffi-first")
+    build = wa.Build(hb.BuildSpec(frameworks=("torch",)), TOOLCHAIN, tmp_path, {})
+    cffi = next(w for w in wa.WORKAROUNDS if w.name == "cffi-first")
     assert not cffi.applies(build)
     build.toolchain = tc.Toolchain(**{**TOOLCHAIN.__dict__, "cffi": False})
     assert cffi.applies(build)
@@ -183,12 +183,12 @@ def test_which_nccl_is_used_and_its_version_is_read_from_the_header(tmp_path):
 
 def test_cuda_architectures_from_the_flag_then_the_gpus_present_then_a_default(tmp_path):
     gpu = hb.BuildSpec(frameworks=("torch",), gpu=True)
-    assert _applied(tmp_path, spec=gpu)[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == hb.DEFAULT_CUDA_ARCHS
+    assert _applied(tmp_path, spec=gpu)[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == wa.DEFAULT_CUDA_ARCHS
     assert _applied(tmp_path, spec=gpu, gpu_archs=("90",))[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == "90"
     flag = hb.BuildSpec(frameworks=("torch",), gpu=True, cuda_arch="80,90")
     assert _applied(tmp_path, spec=flag, gpu_archs=("90",))[0]["HOROVOD_BUILD_CUDA_CC_LIST"] == "80,90"
     assert "HOROVOD_BUILD_CUDA_CC_LIST" not in _applied(tmp_path)[0]
-    assert "35" not in hb.DEFAULT_CUDA_ARCHS.split(",") and "70" not in hb.DEFAULT_CUDA_ARCHS.split(",")
+    assert "35" not in wa.DEFAULT_CUDA_ARCHS.split(",") and "70" not in wa.DEFAULT_CUDA_ARCHS.split(",")
 
 
 def test_this_machines_toolchain_is_detected_and_explained():
@@ -202,7 +202,7 @@ def test_this_machines_toolchain_is_detected_and_explained():
     assert ".".join(map(str, found.cmake_version)) == (re.search(r"[\d.]+", cmake).group(0) if cmake else "")
     text = hb.explain(hb.BuildSpec(), found)
     assert text.startswith(f"toolchain: {found.describe()}")
-    assert all(w.name in text and w.fixes in text for w in hb.WORKAROUNDS)
+    assert all(w.name in text and w.fixes in text for w in wa.WORKAROUNDS)
 
 
 def test_nvcc_from_pip_finds_cudas_libraries_in_the_wheels_lib_folder(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import one_line_error, run, toolkit
-from toolkit.launch import launcher as launch
+from toolkit.launch import hosts, launcher as launch
 from toolkit.errors import ToolkitError
 
 CMD = ("python", "examples/train.py", "--framework", "torch")
@@ -57,8 +57,8 @@ def test_mpirun_forwards_toolkit_and_python_environment(monkeypatch):
 
 
 def test_parse_hosts():
-    assert launch.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
-    assert launch.total_slots("a:4,b:4") == 8
+    assert hosts.parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
+    assert hosts.total_slots("a:4,b:4") == 8
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -160,13 +160,13 @@ def test_cli_native_dry_run_sets_framework_and_backend():
 def test_hostfile_formats_and_errors(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("# cluster\nnode1 slots=4\nnode2:2   # a comment\n\nnode3 slots=1 max_slots=8\n")
-    assert launch.read_hostfile(str(f)) == "node1:4,node2:2,node3:1"
+    assert hosts.read_hostfile(str(f)) == "node1:4,node2:2,node3:1"
     f.write_text("node1 gpus=4\n")
     with pytest.raises(ToolkitError, match=r"line 1: 'gpus=4' not understood"):
-        launch.read_hostfile(str(f))
+        hosts.read_hostfile(str(f))
     f.write_text("# nothing\n")
     with pytest.raises(ToolkitError, match="no hosts"):
-        launch.read_hostfile(str(f))
+        hosts.read_hostfile(str(f))
     one_line_error(toolkit("launch", "-np", "2", "--hostfile", tmp_path / "missing", "--", "true"), "--hostfile", "not found")
 
 
@@ -421,7 +421,8 @@ def test_mpiruns_ssh_banner_is_one_line_with_sshs_reason():
 def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
     """`ssh -G` says where a host's ssh really is; a host behind a ProxyJump/ProxyCommand is left to
     ssh. A stand-in ssh points `farhost` at a closed port on loopback."""
-    from toolkit.launch.launcher import LaunchSpec, _is_this_machine, _ssh_port_answers
+    from toolkit.launch.hosts import is_this_machine, ssh_port_answers
+    from toolkit.launch.launcher import LaunchSpec
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -432,9 +433,9 @@ def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     spec = LaunchSpec(command=("true",), np=2, hosts="localhost:1,farhost:1", start_timeout=5)
     monkeypatch.setenv("PROXY", "none")
-    why = _ssh_port_answers("farhost", spec)
+    why = ssh_port_answers("farhost", spec)
     assert why.startswith(f"farhost: its ssh port (127.0.0.1:{closed}) refused the connection"), why
     monkeypatch.setenv("PROXY", "bastion")
-    assert _ssh_port_answers("farhost", spec) is None
-    assert _is_this_machine("127.0.0.2") and _is_this_machine(socket.gethostname())
-    assert not _is_this_machine("nosuchhost.invalid")
+    assert ssh_port_answers("farhost", spec) is None
+    assert is_this_machine("127.0.0.2") and is_this_machine(socket.gethostname())
+    assert not is_this_machine("nosuchhost.invalid")

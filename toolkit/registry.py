@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from toolkit.errors import ToolkitError
 
 ALL_OPS = ("average", "sum", "adasum")
-HOROVOD_COMPRESSIONS = ("none", "fp16")                      # Horovod's own, inside its allreduce
-TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk", "powersgd")  # toolkit.exchange.compression, via the session's
-ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS  # local_gradients/apply_gradients
+# The one place that says which compressions Horovod runs inside its allreduce and which the toolkit's
+# exchange runs (toolkit/exchange/compression.py, through the session's local_gradients/apply_gradients);
+# the config's enum (toolkit/config/enums.py) and the planner derive theirs from these.
+HOROVOD_COMPRESSIONS = ("none", "fp16")
+TOOLKIT_COMPRESSIONS = ("bf16", "int8", "topk", "powersgd")
+ALL_COMPRESSIONS = HOROVOD_COMPRESSIONS + TOOLKIT_COMPRESSIONS
 ALL_SYNCS = ("every_step", "local_sgd", "async_ps", "ssp")
 FP16_TORCH_ONLY = ("fp16 needs dynamic loss scaling around the allreduce, which the toolkit has for torch and for "
                    "Keras 3 on Horovod")

@@ -46,10 +46,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit.launch import launcher as launch
-
     from toolkit import registry
     from toolkit.errors import ToolkitError
+    from toolkit.launch import launcher as launch
+    from toolkit.launch.hosts import read_hostfile
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     launcher = args.launcher or ("tf_config" if args.backend == "native" else "horovodrun")
@@ -64,7 +64,7 @@ def run(args) -> int:
         raise ToolkitError(f"--backend {args.backend} is not available for --framework {args.framework}; "
                            f"use one of: {', '.join(registry.spec(args.framework).backends)}")
     env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_file)
-    hosts = launch.read_hostfile(args.hostfile) if args.hostfile else args.hosts
+    hosts = read_hostfile(args.hostfile) if args.hostfile else args.hosts
     elastic = _elastic_settings(args, command)
     for key, value in elastic.items():     # the ranks learn they run elastically, from flags too
         if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from toolkit import registry
+
 
 class Backend(str, enum.Enum):
     HOROVOD = "horovod"
@@ -47,7 +49,8 @@ class Compression(str, enum.Enum):
     POWERSGD = "powersgd"
 
 
-TOOLKIT_COMPRESSIONS = (Compression.BF16, Compression.INT8, Compression.TOPK, Compression.POWERSGD)
+# Which compressions Horovod runs and which the toolkit's exchange runs: said once, in the registry.
+TOOLKIT_COMPRESSIONS = tuple(Compression(name) for name in registry.TOOLKIT_COMPRESSIONS)
 
 
 class Sync(str, enum.Enum):

@@ -9,7 +9,7 @@ session (adapters/base.py) calls `step` (its `train_step`: forward, backward and
   a value, 2 with fp16.
 - The toolkit's exchange (compression bf16, int8, topk): the session hands over this rank's
   gradients (`local_gradients`, accumulation included, so compression happens once per optimizer
-  step), `toolkit.exchange.compression.GradientExchange` compresses, exchanges and averages them with error
+  step), `toolkit.exchange.exchanges.GradientExchange` compresses, exchanges and averages them with error
   feedback, and the session applies the result (`apply_gradients`).
 - Local SGD (Stich 2019; post-local SGD, Lin et al. 2020): after `sync_warmup_steps` synchronous
   steps (exchanged as above, compressed if asked), each rank applies its own gradients and every
@@ -29,8 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit.exchange import arrays, numerics
-from toolkit.exchange.compression import DGCExchange, GradientExchange, PowerSGDExchange, make
-from toolkit.config import Compression, Config, Op, Sync
+from toolkit.exchange.exchanges import PowerSGDExchange, make_exchange
+from toolkit.config import Compression, Config, Sync
 
 STATE_FILE = "communication.npz"
 
@@ -205,17 +205,3 @@ class Communication:
 def horovod_value_bytes(config: Config) -> int:
     """Bytes a gradient value takes on Horovod's own path: 2 with its fp16 compression, else 4."""
     return 2 if config.compression is Compression.FP16 else 4
-
-
-def make_exchange(config: Config, ops) -> GradientExchange:
-    """The toolkit's exchange for the config's compression (bf16, int8, topk, powersgd; DGC), in `ops`."""
-    average, ef = config.op is not Op.SUM, bool(config.error_feedback)
-    if config.compression is Compression.POWERSGD:
-        return PowerSGDExchange(make("none", ops=ops), ef, average, rank=config.powersgd_rank,
-                                warmup_steps=config.powersgd_warmup_steps)
-    compressor = make(config.compression.value, config.topk_ratio, ops)
-    if config.dgc:
-        return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
-                           target_ratio=config.topk_ratio, warmup_epochs=config.dgc_warmup_epochs,
-                           masking=config.dgc_masking)
-    return GradientExchange(compressor, ef, average)

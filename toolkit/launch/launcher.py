@@ -12,17 +12,14 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from toolkit import messages
 from toolkit.errors import ToolkitError
+from toolkit.launch.hosts import check_hosts, free_port, is_local, parse_hosts, total_slots
+from toolkit.launch.processes import forward_sigterm, kill_group, run_workers, timed_out
 
 LAUNCHERS = ("horovodrun", "mpirun", "tf_config")
 TF_CONFIG_BASE_PORT = 23456     # worker s on a remote host listens on base + s (local workers: free ports)
@@ -115,57 +112,6 @@ class LaunchSpec:
                 (["-i", self.ssh_identity_file] if self.ssh_identity_file else []))
 
 
-def parse_hosts(hosts: str) -> list[tuple[str, int]]:
-    """"a:4,b:4" -> [("a", 4), ("b", 4)]; a host without slots has 1 (horovodrun's rule)."""
-    out = []
-    for item in hosts.split(","):
-        item = item.strip()
-        name, _, slots = item.partition(":")
-        if not name:
-            raise ToolkitError(f"-H {hosts!r}: empty host name; write host:slots[,host:slots]")
-        try:
-            count = int(slots) if slots else 1
-        except ValueError:
-            raise ToolkitError(f"-H {hosts!r}: slots of {name!r} must be an integer, e.g. {name}:4") from None
-        if count < 1:
-            raise ToolkitError(f"-H {hosts!r}: {name} has {count} slots; give at least 1")
-        out.append((name, count))
-    return out
-
-
-def total_slots(hosts: str) -> int:
-    return sum(slots for _, slots in parse_hosts(hosts))
-
-
-def read_hostfile(path: str) -> str:
-    """A hostfile (`host slots=N` as mpirun and horovodrun write it, or `host:N`, or `host`; `#`
-    comments) as the -H string "host:N,...", so every launcher and recipe reads one format."""
-    if not os.path.isfile(path):
-        raise ToolkitError(f"--hostfile {path}: file not found; check the path")
-    hosts = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            words = line.split("#", 1)[0].split()
-            if not words:
-                continue
-            name, slots = words[0], "1"
-            if ":" in name:
-                name, slots = name.split(":", 1)
-            for word in words[1:]:
-                key, _, value = word.partition("=")
-                if key not in ("slots", "max_slots", "max-slots") or not value:
-                    raise ToolkitError(f"--hostfile {path}, line {number}: {word!r} not understood; write "
-                                       f"`{name} slots=N` or `{name}:N`")
-                if key == "slots":
-                    slots = value
-            hosts.append(f"{name}:{slots}")
-    if not hosts:
-        raise ToolkitError(f"--hostfile {path}: no hosts in it; write one `host slots=N` a line")
-    text = ",".join(hosts)
-    parse_hosts(text)       # the same checks as -H
-    return text
-
-
 def tuning_env(fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
                autotune: bool = False, timeline: Optional[str] = None) -> tuple[str, ...]:
     """Horovod's tuning as the variables every rank reads (works under horovodrun and mpirun alike;
@@ -240,101 +186,19 @@ def plan(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> tuple[li
     return argv + list(spec.extra) + list(spec.command), env
 
 
-def check_hosts(spec: LaunchSpec) -> None:
-    """Before any launcher starts: every host of -H/--hostfile has an address, and every other host's
-    ssh port takes a connection within --start-timeout (all hosts at once). One line naming the first
-    host that fails; without this, mpirun prints a 20-line banner, horovodrun's ssh check takes up to
-    five 10-second tries (and is skipped for an hour once it passed), and a host that drops packets
-    holds ssh for TCP's two minutes. Whether ssh then logs in is left to the launcher."""
-    hosts = [host for host, _ in parse_hosts(spec.hosts or "localhost:1")]
-    for host in hosts:
-        try:
-            socket.getaddrinfo(host, None)
-        except (socket.gaierror, UnicodeError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
-            raise ToolkitError(f"launch: cannot reach {host}: the name does not resolve ({reason}); check the host "
-                               f"names in -H/--hostfile", code=1) from None
-    remote = [host for host in dict.fromkeys(hosts) if not _is_this_machine(host)]
-    if not remote:
-        return
-    if shutil.which("ssh") is None:
-        raise ToolkitError(f"launch: ssh not found on PATH; the ranks on {remote[0]} are started over ssh "
-                           "(apt-get install openssh-client)", code=1)
-    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
-        failures = [why for why in pool.map(lambda host: _ssh_port_answers(host, spec), remote) if why]
-    if failures:
-        raise ToolkitError(f"launch: cannot reach {failures[0]}", code=1)
-
-
-def _is_this_machine(host: str) -> bool:
-    """A name of this machine: by name, or because one of its addresses is on this machine (binding
-    to it works), as horovodrun and mpirun treat it: started without ssh."""
-    if _is_local(host):
-        return True
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        return False
-    for family, _, _, _, address in infos:
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((address[0], 0))
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def _ssh_port_answers(host: str, spec: LaunchSpec) -> str | None:
-    """None when `host`'s ssh port (as ssh's own configuration resolves it: `ssh -G`) takes a TCP
-    connection within --start-timeout; else what went wrong, starting with the host's name. Hosts
-    reached through a ProxyJump or ProxyCommand are left to ssh."""
-    try:
-        shown = subprocess.run(["ssh", "-G", *spec.ssh_options(), host], capture_output=True, text=True,
-                               timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        shown = ""
-    config = dict(line.split(" ", 1) for line in shown.splitlines() if " " in line)
-    if config.get("proxyjump", "none") != "none" or config.get("proxycommand", "none") != "none":
-        return None
-    name, port = config.get("hostname", host), int(config.get("port") or spec.ssh_port or 22)
-    name = host if name.lower() == host.lower() else name      # ssh -G writes names in lower case
-    try:
-        with socket.create_connection((name, port), timeout=spec.start_timeout):
-            return None
-    except socket.timeout:
-        return (f"{host}: nothing answered on its ssh port ({name}:{port}) within --start-timeout "
-                f"{spec.start_timeout} s; is it up, and is that its name in -H/--hostfile?")
-    except ConnectionRefusedError:
-        return (f"{host}: its ssh port ({name}:{port}) refused the connection; start sshd there, or give its "
-                "port with --ssh-port")
-    except OSError as e:
-        return f"{host}: its ssh port ({name}:{port}): {e.strerror or e}; is it up, and is that its name in -H/--hostfile?"
-
-
-def _is_local(host: str) -> bool:
-    return host in ("localhost", "127.0.0.1", socket.gethostname())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def plan_workers(spec: LaunchSpec, environ: Mapping[str, str] | None = None,
-                 port=_free_port) -> list[tuple[list[str], dict[str, str]]]:
+                 port=free_port) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, env) per TensorFlow worker: hosts filled slot by slot, as horovodrun fills them."""
     base = worker_env(spec, environ)
     places = [(host, s) for host, slots in parse_hosts(spec.hosts or f"localhost:{spec.np}")
               for s in range(slots)][:spec.np]
-    workers = [f"{host}:{port() if _is_local(host) else TF_CONFIG_BASE_PORT + s}" for host, s in places]
+    workers = [f"{host}:{port() if is_local(host) else TF_CONFIG_BASE_PORT + s}" for host, s in places]
     out = []
     for index, (host, _) in enumerate(places):
         env = dict(base, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                                "task": {"type": "worker", "index": index}}))
         argv = list(spec.extra) + list(spec.command)
-        if not _is_local(host):   # the same environment on the other host, through ssh
+        if not is_local(host):   # the same environment on the other host, through ssh
             # PATH: this virtualenv's bin/ first, then the remote host's own PATH (expanded there),
             # so a bare `python` is the venv's, as on this host.
             names = [k for k in _passed_names(env) if k != "PATH"] + ["TF_CONFIG"]
@@ -366,7 +230,7 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
     if spec.launcher == "tf_config":
         check_hosts(spec)
-        return _run_workers(plan_workers(spec, environ), timeout)
+        return run_workers(plan_workers(spec, environ), timeout)
     check_hosts(spec)
     argv, env = command_line(spec, environ)
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
@@ -382,111 +246,11 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise _timed_out(timeout) from None
+        kill_group(proc)
+        raise timed_out(timeout) from None
     except KeyboardInterrupt:
-        _kill_group(proc)
+        kill_group(proc)
         return 130
     for pump in pumps:
         pump.join(timeout=10)
     return relay.finish(code)
-
-
-def _timed_out(timeout: float) -> ToolkitError:
-    return ToolkitError(f"launch: the job ran past --timeout {timeout:g}s and was stopped; "
-                        "raise --timeout if it needs longer", code=124)
-
-
-def _run_workers(workers, timeout: Optional[float]) -> int:
-    """Start every worker; the first non-zero exit stops the rest and is the job's exit code."""
-    from toolkit.launch.output import Relay
-
-    relay = Relay()
-    procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, errors="replace", bufsize=1) for argv, env in workers]
-    forward_sigterm(*procs)
-    pumps = [relay.pump(pipe, stream, rank) for rank, p in enumerate(procs)
-             for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
-    deadline = None if timeout is None else time.monotonic() + timeout
-    failed = None
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = next(((rank, c) for rank, c in enumerate(codes) if c not in (None, 0)), None)
-            if failed or all(c == 0 for c in codes):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise _timed_out(timeout)
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                _kill_group(p)
-        for pump in pumps:          # the workers are gone: their last lines are in the pipes
-            pump.join(timeout=5)
-    return relay.worker_failed(*failed) if failed else 0
-
-
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "TF_CONFIG")
-
-
-def local_ranks(proc: subprocess.Popen) -> list:
-    """The training processes under `proc` on this host (psutil processes): its descendants that a
-    launcher gave a rank (horovodrun's and mpirun's own helpers have none)."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-    ranks = []
-    for p in tree:
-        try:
-            if any(name in p.environ() for name in RANK_VARIABLES):
-                ranks.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return ranks
-
-
-def forward_sigterm(*procs: subprocess.Popen) -> None:
-    """SIGTERM to `toolkit launch` (Slurm's and Kubernetes' notice before they stop a job) goes to the
-    local ranks themselves, not to the launcher, which would kill them 5 s later (horovodrun): they
-    finish their step, rank 0 checkpoints, they exit 75 and so does the job (toolkit/run/preemption.py).
-    One rank receiving it is enough: they agree at the next step. A second SIGTERM stops the job."""
-    previous = []
-
-    def handler(signum, frame):
-        if previous:
-            for proc in procs:
-                _kill_group(proc)
-            return
-        previous.append(signum)
-        ranks = [r for proc in procs for r in local_ranks(proc)]
-        for p in ranks:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except Exception:       # gone already
-                pass
-        messages.write(messages.line("launch", f"SIGTERM passed to {len(ranks)} local rank(s); they stop after "
-                                               "their step (a second SIGTERM stops the job at once)"))
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:              # not the main thread: leave signals alone
-        pass
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return
-            time.sleep(0.1)

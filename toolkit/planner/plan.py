@@ -20,13 +20,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit import registry
 from toolkit.planner import scaling
 from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
 
-# Horovod's path, then the toolkit's exchanges, then local SGD: the first is the baseline.
-METHODS = ("none", "fp16", "hierarchical", "adasum", "no_fusion", "bf16", "int8", "topk", "powersgd", "local_sgd")
-EXCHANGES = ("bf16", "int8", "topk", "powersgd")
+# Horovod's path (its compressions, then its other ways to reduce), then the toolkit's exchanges,
+# then local SGD: the first is the baseline.
+EXCHANGES = registry.TOOLKIT_COMPRESSIONS
+METHODS = (*registry.HOROVOD_COMPRESSIONS, "hierarchical", "adasum", "no_fusion", *EXCHANGES, "local_sgd")
 _COMMUNICATION_KEYS = ("compression", "topk_ratio", "powersgd_rank", "powersgd_warmup_steps", "dgc",
                        "dgc_warmup_epochs", "dgc_masking", "error_feedback", "sync", "local_steps",
                        "sync_warmup_steps", "op")
@@ -107,7 +109,7 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     import numpy as np
 
     from toolkit.exchange import arrays
-    from toolkit.exchange.communication import make_exchange
+    from toolkit.exchange.exchanges import make_exchange
 
     cfg = exchange_config(config, name)
     ops = arrays.numpy_ops()

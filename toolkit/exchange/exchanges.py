@@ -1,0 +1,343 @@
+"""Gradient exchanges, each written once on the array namespace of toolkit/exchange/arrays.py (torch
+tensors on their device, or numpy), over the compressors of toolkit/exchange/compression.py: the
+gathered exchange (bf16, int8, top-k), DGC, PowerSGD, error feedback; `make_exchange` is the one table
+from the config to its exchange.
+
+Two ways over the wire:
+- **Gathered** (bf16, int8, top-k): payloads differ per rank (int8 scales, top-k positions), so
+  they are exchanged with an allgather of raw bytes (top-k first allgathers its part lengths, which differ by rank; one
+  for the parts), and every rank decompresses and sums every payload in rank order: the same
+  result on every rank, bit for bit. bf16 cannot ride on Horovod's allreduce (Horovod 0.28.1 refuses
+  bfloat16 tensors: torch "Tensor type torch.BFloat16Tensor is not supported", TensorFlow "Value for
+  attr 'T' of bfloat16 is not in the list of allowed values"), nor can int8 (a sum of int8 values
+  overflows); fp16 does, as Horovod's own compression (toolkit/exchange/communication.py).
+- **PowerSGD** (Vogels et al. 2019) allreduces: a gradient matrix M (n x m, a tensor's first axis by
+  the rest) becomes P = M Q (n x r), allreduced and orthonormalised, then Q = M^T P (m x r),
+  allreduced; every rank rebuilds P Q^T. Q is warm-started from the previous step. Vectors and
+  matrices too small to gain (n m < 2 r (n + m), torch's rule) travel uncompressed in the P
+  allreduce. Its cost does not grow with the number of ranks, unlike an allgather's.
+
+Error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et al. 2019): each rank keeps what
+compression dropped and adds it to the next step's gradient, so nothing is lost, only delayed:
+`residual + sent == input` (to float32 rounding).
+
+DGC (Lin et al. 2018, "Deep Gradient Compression"), on top of top-k: momentum correction (each rank
+accumulates velocity u = m u + g and v += u, and sends the top-k of v, so the optimizer runs
+without momentum), factor masking (u is zeroed where a matrix's v was sent, as v is; `dgc_masking`),
+top-k per gradient matrix with vectors sent whole, local gradient clipping
+(each rank clips its own gradient to clip_grad_norm / sqrt(N) before accumulating), and a density
+warm-up (25% falling exponentially to the target over the first epochs).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from toolkit.config import Compression, Op
+from toolkit.exchange.compression import ALIGN, Compressor, Timer, density, make
+
+
+@dataclass
+class GradientExchange:
+    """Compress each rank's gradients, exchange them, return the mean (or sum) on every rank.
+
+    `comm` is the session (adapters/base.py): `allgather(uint8 buffer)` concatenates the ranks'
+    buffers, `allreduce(float32 buffer, average)` reduces them, both in the namespace `ops`.
+    One step's gradients travel as one flat float32 buffer. `last_bytes` is what this rank handed
+    to collectives in the last step: 0 at world size 1, where nothing crosses the wire (the method
+    still runs, so a 1-rank job shows its effect and its cost).
+    """
+    compressor: Compressor
+    error_feedback: bool
+    average: bool = True                       # False: op sum (the sum of the ranks' mean gradients)
+    ops: object = None
+    residual: object = None                    # flat float32, this rank's, when error_feedback
+    last_bytes: int = 0
+    timer: Timer = field(init=False)
+
+    def __post_init__(self):
+        self.ops = self.ops or self.compressor.ops
+        self.compressor.ops = self.ops
+        self.timer = Timer(self.ops)
+        self.spare = None           # the next step's flat buffer (the last residual's, or the last flat)
+        self.total = None           # the sum of the ranks' payloads, reused every step
+
+    def _buffer(self, n: int):
+        b, self.spare = self.spare, None
+        return b if b is not None and len(b) == n else self.ops.empty(n)
+
+    def _total(self, n: int):
+        if self.total is None or len(self.total) != n:
+            self.total = self.ops.empty(n)
+        self.total[:] = 0
+        return self.total
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        """The reduced gradients, shaped like `grads`: views into a buffer that the next exchange reuses."""
+        n = sum(math.prod(self.ops.shape(g)) for g in grads)
+        flat = self.ops.flatten(grads, out=self._buffer(n))
+        return self.ops.unflatten(self.exchange_flat(flat, comm, world_size), grads)
+
+    def exchange_flat(self, flat, comm, world_size: int):
+        if self.compressor.name == "none":
+            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
+        n = len(flat)
+        self.timer.start()
+        if self.error_feedback and self.residual is not None:
+            flat += self.residual
+        payload = self.compressor.compress(flat)
+        if self.error_feedback:
+            self.compressor.subtract_sent(flat, payload)
+            self.spare, self.residual = self.residual, flat
+        else:
+            self.spare = flat
+        self.timer.stop()
+        total = self._gather_and_sum(payload, n, comm, world_size)
+        if self.average and world_size > 1:
+            total /= world_size
+        return total
+
+    def state(self) -> dict:
+        """This rank's flat float32 state for checkpoints (name -> buffer), or {}."""
+        return {"residuals": self.residual} if self.error_feedback and self.residual is not None else {}
+
+    def load_state(self, state: dict) -> None:
+        if "residuals" in state:
+            self.residual = state["residuals"]
+
+    def _pack(self, payload):
+        """(header int32 lengths, one uint8 blob of the parts, each padded to ALIGN bytes)."""
+        ops, parts = self.ops, []
+        for part in payload:
+            raw = ops.as_bytes(part)
+            pad = -len(raw) % ALIGN
+            parts.append(ops.cat([raw, ops.zeros(pad, "uint8")]) if pad else raw)
+        lengths = ops.from_numpy(self.ops.np.array([len(p) for p in payload], self.ops.np.int32))
+        return ops.as_bytes(lengths), ops.cat(parts)
+
+    def _gather_and_sum(self, payload, n: int, comm, world_size: int):
+        ops = self.ops
+        if world_size == 1:
+            self.last_bytes = 0
+            self.timer.start()
+            total = self._total(n)
+            self.compressor.add_into(total, payload, n)
+            self.timer.stop()
+            return total
+        dtypes = [part.dtype for part in payload]
+        header, blob = self._pack(payload)
+        fixed = self.compressor.lengths(n)
+        if fixed is None:       # lengths differ by rank: one small allgather of them first
+            self.last_bytes = len(header) + len(blob)
+            lengths = ops.to_numpy(comm.allgather(header)).view("int32").reshape(world_size, len(payload))
+        else:
+            self.last_bytes = len(blob)
+            lengths = ops.np.array([fixed] * world_size)
+        blobs = comm.allgather(blob)
+        self.timer.start()
+        total, offset = self._total(n), 0
+        for r in range(world_size):
+            parts = []
+            for j, dtype in enumerate(dtypes):
+                count = int(lengths[r, j])
+                parts.append(ops.from_bytes(blobs, dtype, count, offset))
+                offset += count * ops.itemsize(dtype) + (-count * ops.itemsize(dtype)) % ALIGN
+            self.compressor.add_into(total, tuple(parts), n)
+        self.timer.stop()
+        return total
+
+
+@dataclass
+class DGCExchange(GradientExchange):
+    """Top-k with DGC's momentum correction, factor masking, local clipping and density warm-up.
+    `residual` is DGC's accumulated velocity v; `momentum_buffer` is u."""
+    momentum: float = 0.9
+    clip_norm: float | None = None             # clip_grad_norm; each rank clips to clip_norm / sqrt(N)
+    target_ratio: float = 0.01
+    warmup_epochs: int = 4
+    masking: bool = True                       # momentum factor masking (the paper's; measured in docs)
+    epoch: int = 0                             # set by toolkit/exchange/communication.py before each step
+    momentum_buffer: object = None
+    segments: list = None                      # (start, size) of each gradient matrix, top-k'd on its own
+    whole: object = None                       # positions of the vectors' values, always sent
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        if self.segments is None:
+            self._make_plan(grads)
+        return super().exchange(grads, comm, world_size)
+
+    def _make_plan(self, grads) -> None:
+        """DGC selects layer by layer, and sends vectors (biases, normalisation scales) whole: they are
+        small, and a global top-k can starve a layer whose gradients are small in magnitude."""
+        ops, start, whole = self.ops, 0, []
+        self.segments = []
+        for g in grads:
+            shape = ops.shape(g)
+            size = math.prod(shape)
+            if len(shape) >= 2:
+                self.segments.append((start, size))
+            else:
+                whole.append(ops.np.arange(start, start + size, dtype=ops.np.int64))
+            start += size
+        self.whole = ops.from_numpy(ops.np.concatenate(whole) if whole else ops.np.zeros(0, ops.np.int64))
+
+    def _select(self, v):
+        ratio, ops = self.compressor.ratio, self.ops
+        parts = []
+        for start, size in self.segments:
+            k = max(1, min(size, math.ceil(ratio * size)))
+            parts.append(self.compressor.select(v[start:start + size], k, key=str(start)) + start)
+        selected = ops.cat(parts) if parts else self.whole[:0]
+        return selected, ops.sort(ops.cat([self.whole, selected])) if len(self.whole) else selected
+
+    def exchange_flat(self, flat, comm, world_size: int):
+        ops, topk = self.ops, self.compressor
+        self.timer.start()
+        if self.clip_norm is not None:
+            norm = math.sqrt(ops.dot(flat))
+            limit = self.clip_norm / math.sqrt(world_size)
+            if norm > limit:
+                flat *= limit / (norm + 1e-6)
+        if self.momentum_buffer is None:
+            self.momentum_buffer, self.residual = ops.zeros(len(flat)), ops.zeros(len(flat))
+        u, v = self.momentum_buffer, self.residual
+        u *= self.momentum
+        u += flat                                          # u = m u + g
+        v += u                                             # v = v + u
+        self.spare = flat
+        topk.ratio = density(self.target_ratio, self.epoch, self.warmup_epochs)
+        if self.segments is not None:
+            masked, positions = self._select(v)
+            payload = topk.encode(v, positions)
+        else:
+            payload = topk.compress(v)
+            masked = topk.positions
+        topk.subtract_sent(v, payload)                     # what was sent leaves v (bf16 rounding stays)
+        if self.masking:
+            u[masked] = 0                                  # momentum factor masking
+        self.timer.stop()
+        total = self._gather_and_sum(payload, len(flat), comm, world_size)
+        if self.average and world_size > 1:
+            total /= world_size
+        return total
+
+    def state(self) -> dict:
+        if self.residual is None:
+            return {}
+        return {"residuals": self.residual, "momenta": self.momentum_buffer}
+
+    def load_state(self, state: dict) -> None:
+        if "residuals" in state and "momenta" in state:
+            self.residual, self.momentum_buffer = state["residuals"], state["momenta"]
+
+
+@dataclass
+class PowerSGDExchange(GradientExchange):
+    """PowerSGD rank `rank` through two allreduces per step (see the module's docstring)."""
+    rank: int = 1
+    warmup_steps: int = 0                      # steps allreduced whole first (torch's start_powerSGD_iter)
+    step: int = 0                              # the global step, set by toolkit/exchange/communication.py
+    shapes: list = None                        # the gradients' shapes, set at the first step
+    q: object = None                           # every compressed matrix's Q, one flat buffer
+    plan: list = None                          # (start, rows, cols, compressed, q_start) per gradient
+
+    def _make_plan(self, grads) -> None:
+        r, q_size, self.plan = self.rank, 0, []
+        self.shapes = [self.ops.shape(g) for g in grads]
+        start = 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            rows = shape[0] if len(shape) >= 2 else 1
+            cols = size // rows if rows else 0
+            compressed = len(shape) >= 2 and 2 * r * (rows + cols) < rows * cols     # torch's _should_compress
+            self.plan.append((start, rows, cols, compressed, q_size))
+            q_size += cols * r if compressed else 0
+            start += size
+        if self.q is None or len(self.q) != q_size:     # else Q came from a checkpoint
+            # the same random start on every rank (a fixed seed), as torch's hook does
+            self.q = self.ops.random_normal(q_size, seed=0) if q_size else self.ops.zeros(0)
+
+    def exchange(self, grads, comm, world_size: int) -> list:
+        if self.plan is None or [self.ops.shape(g) for g in grads] != self.shapes:
+            self._make_plan(grads)
+        return super().exchange(grads, comm, world_size)
+
+    def exchange_flat(self, flat, comm, world_size: int):
+        if self.step < self.warmup_steps:       # dense, as torch's hook before start_powerSGD_iter
+            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            self.spare = None
+            return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
+        ops, r = self.ops, self.rank
+        squeezed = [p for p in self.plan if p[3]]
+        self.timer.start()
+        if self.error_feedback and self.residual is not None:
+            flat += self.residual
+        ps = [ops.matrix(flat, s, rows, cols) @ ops.matrix(self.q, qs, cols, r) for s, rows, cols, _, qs in squeezed]
+        dense = [flat[s:s + rows * cols] for s, rows, cols, c, _ in self.plan if not c]
+        first = ops.cat([*(p.reshape(-1) for p in ps), *dense]) if ps or dense else ops.zeros(0)
+        self.timer.stop()
+        sent = len(first)
+        if world_size > 1:
+            first = comm.allreduce(first, average=True)
+        self.timer.start()
+        if self.total is None or len(self.total) != len(flat):
+            self.total = ops.empty(len(flat))
+        out, offset, qs_new = self.total, 0, []          # every value of it is written below
+        ps_reduced = []
+        for (s, rows, cols, _, qs), p in zip(squeezed, ps):
+            p = ops.orthonormal(first[offset:offset + rows * r].reshape(rows, r))
+            ps_reduced.append(p)
+            qs_new.append((ops.matrix(flat, s, rows, cols).T @ p).reshape(-1))
+            offset += rows * r
+        for s, rows, cols, c, _ in self.plan:
+            if not c:
+                out[s:s + rows * cols] = first[offset:offset + rows * cols]
+                offset += rows * cols
+        q = ops.cat(qs_new) if qs_new else ops.zeros(0)
+        self.timer.stop()
+        sent += len(q)
+        if world_size > 1 and len(q):
+            q = comm.allreduce(q, average=True)
+        self.timer.start()
+        self.q = q
+        for (s, rows, cols, _, qs), p in zip(squeezed, ps_reduced):
+            ops.matmul(p, ops.matrix(q, qs, cols, r).T, out=ops.matrix(out, s, rows, cols))
+        if self.error_feedback:
+            flat -= out
+            for s, rows, cols, c, _ in self.plan:
+                if not c:
+                    flat[s:s + rows * cols] = 0             # sent whole: nothing held back
+            self.spare, self.residual = self.residual, flat
+        else:
+            self.spare = flat
+        self.timer.stop()
+        self.last_bytes = sent * 4 if world_size > 1 else 0
+        if not self.average:
+            out *= world_size
+        return out
+
+    def state(self) -> dict:
+        out = super().state()
+        if self.q is not None:
+            out["powersgd_q"] = self.q
+        return out
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if "powersgd_q" in state:
+            self.q = state["powersgd_q"]
+
+
+def make_exchange(config, ops) -> GradientExchange:
+    """The toolkit's exchange for the config's compression (bf16, int8, topk, powersgd; DGC), in `ops`."""
+    average, ef = config.op is not Op.SUM, bool(config.error_feedback)
+    if config.compression is Compression.POWERSGD:
+        return PowerSGDExchange(make("none", ops=ops), ef, average, rank=config.powersgd_rank,
+                                warmup_steps=config.powersgd_warmup_steps)
+    compressor = make(config.compression.value, config.topk_ratio, ops)
+    if config.dgc:
+        return DGCExchange(compressor, True, average, momentum=config.momentum, clip_norm=config.clip_grad_norm,
+                           target_ratio=config.topk_ratio, warmup_epochs=config.dgc_warmup_epochs,
+                           masking=config.dgc_masking)
+    return GradientExchange(compressor, ef, average)
