@@ -46,6 +46,9 @@ NOT_HERE = [
      "stands for your config file, or a bench and calibration an earlier run wrote"),
     (r"mypkg\.|path/to/", "names stand for your own code (the README's `tests/user_code.py` command runs it)"),
     (r"--config elastic\.yaml", "needs more hosts from its discovery script (tests/test_elastic.py runs elastic)"),
+    (r"--model resnet18 --dataset imagefolder:runs/digits-images\b",
+     "ResNet-18 in bf16: ~10 min on a CPU without bf16 instructions (docs/BENCHMARKS.md); "
+     "tests/test_workloads.py trains it on the same images"),
     (r"--checkpoint-dir runs/demo\b", "is what `make demo` runs (the README's `make demo` runs it, 15 epochs)"),
     (r"^source ", "activates the virtualenv (every command here runs with it first on PATH)"),
     (r"^horovodrun -np 2 --gloo python examples/keras_fit\.py (--keras tf_keras )?--epochs 8\b",
