@@ -7,8 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, assert_replicas, one_line_error, run, train_job
+from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, train_job
 from tests.helpers import max_diff, user_loop
+from toolkit.build import toolchain
+from toolkit.errors import ToolkitError
 
 pytestmark = pytest.mark.distributed
 
@@ -36,6 +38,11 @@ def test_sync_batchnorm_gives_every_rank_the_statistics_of_the_union(fw, tmp_pat
 @pytest.mark.parametrize("fw", ["torch", "tensorflow", "mxnet"])
 def test_bf16_trains_close_to_fp32_and_really_runs_in_bf16(fw):
     args = ["--framework", fw, "--epochs", "3", "--batch-size", "16"]
+    if fw == "mxnet" and not toolchain.cpu_runs_bf16():   # no oneDNN bf16 kernels: refused, not a crash
+        proc = run([sys.executable, "-m", "toolkit", "launch", "-np", 2, "--gloo", "--timeout", 100, "--",
+                    *TRAIN, *args, "--precision", "bf16"], timeout=120)
+        one_line_error(proc, "need AVX-512", "use precision: fp32", launched=True)
+        return
     fp32 = train_job("gloo", args)
     bf16 = train_job("gloo", [*args, "--precision", "bf16"])
     assert_replicas(bf16)
@@ -76,3 +83,13 @@ def test_fp16_trains_with_loss_scaling_and_a_blow_up_is_a_skipped_step_not_an_er
 ])
 def test_what_a_path_cannot_do_is_one_line(keys, needle):
     one_line_error(run([sys.executable, "-m", "toolkit", "config", "show", *keys], timeout=60), needle)
+
+
+def test_mxnet_bf16_needs_avx512_and_says_so_in_one_line():
+    """MXNet's bf16 operators are oneDNN's, which need AVX-512: a CPU without it is refused when the
+    session starts, naming what it lacks (on such a CPU MXNet's engine fails at the first operator)."""
+    from toolkit.adapters.mxnet.precision import check_bf16_cpu
+    with pytest.raises(ToolkitError, match="this CPU lacks avx512bw, avx512dq, avx512f, avx512vl; use precision: fp32"):
+        check_bf16_cpu(frozenset({"sse4_2", "avx2", "fma"}))
+    check_bf16_cpu(toolchain.AVX512_CORE | {"avx2"})       # runs
+    assert toolchain.cpu_runs_bf16(frozenset()) and not toolchain.cpu_runs_bf16(frozenset({"avx2"}))

@@ -11,6 +11,9 @@ import contextlib
 
 import numpy as np
 
+from toolkit.build import toolchain
+from toolkit.errors import ToolkitError
+
 
 def _amp_bf16() -> None:
     """MXNet's AMP in bfloat16, once per process (before the model is built)."""
@@ -24,11 +27,24 @@ def float32(array):
     return array if array.dtype == np.float32 else array.astype("float32")
 
 
+def check_bf16_cpu(flags: frozenset[str]) -> None:
+    """precision bf16 on MXNet's CPU operators (oneDNN's bfloat16 kernels, AVX-512): refused in one line
+    where the CPU cannot run them; MXNet's engine would fail at the first bf16 operator ("could not
+    create a primitive descriptor iterator", seen on an AVX2-only AMD EPYC)."""
+    if not toolchain.cpu_runs_bf16(flags):
+        missing = ", ".join(sorted(toolchain.AVX512_CORE - flags))
+        raise ToolkitError(f"precision=bf16 with framework=mxnet runs MXNet's bf16 CPU operators (oneDNN), which "
+                           f"need AVX-512; this CPU lacks {missing}; use precision: fp32 here, or bf16 with torch "
+                           "or tensorflow")
+
+
 class Precision:
     scales = False
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, on_cpu: bool = True):
         self.name = name
+        if name == "bf16" and on_cpu:
+            check_bf16_cpu(toolchain.cpu_flags())
         if name == "bf16":
             _amp_bf16()
 

@@ -42,7 +42,8 @@ class MxnetSession(Session):
         return self.strategy.ctx
 
     def _make_precision(self):
-        return Precision(self.config.precision.value)     # bf16: AMP, before any model is built
+        # bf16: AMP, before any model is built
+        return Precision(self.config.precision.value, on_cpu=self.ctx.device_type == "cpu")
 
     def _seed(self, seed: int) -> None:
         random.seed(seed)

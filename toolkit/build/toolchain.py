@@ -186,3 +186,25 @@ def detect(env: dict | None = None) -> Toolchain:
 
 def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
+
+
+# oneDNN's bfloat16 kernels (torch's CPU autocast, MXNet's AMP) run on AVX-512 (avx512_core: F, BW, VL,
+# DQ; native bf16 dot products with avx512_bf16 or AMX). Without it MXNet's bf16 operators fail and
+# torch's are emulated, ~20x slower than fp32 (ResNet-18, AVX2-only AMD EPYC, docs/BENCHMARKS.md).
+AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (Linux); empty where they cannot be read."""
+    try:
+        with open(path) as f:
+            return next((frozenset(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")),
+                        frozenset())
+    except OSError:
+        return frozenset()
+
+
+def cpu_runs_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether oneDNN has bfloat16 kernels for this CPU (True where the flags cannot be read)."""
+    flags = cpu_flags() if flags is None else flags
+    return not flags or AVX512_CORE <= flags

@@ -40,15 +40,18 @@ class LaunchConfig:
     """Which framework and backend, how the ranks run, and what they print."""
     group = "launch"
     framework: str = _f("torch", "framework adapter", choices=registry.names)
-    backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated")
+    backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated: horovod, or native (TensorFlow's own "
+                                           "strategies, no Horovod)")
     keras: Keras = _f(Keras.KERAS3, "tensorflow: Keras 3, or legacy tf-keras (TF_USE_LEGACY_KERAS=1 selects it)")
     strategy: Optional[Strategy] = _f(None, "backend native: TensorFlow strategy; unset = {unset}",
                                       unset="multi_worker_mirrored when TF_CONFIG is set, else mirrored")
     num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = {unset}",
                                     unset="every GPU, else 1 CPU (N > 1 on CPU: N logical devices)")
-    log_dir: Optional[str] = _f(None, "rank 0 writes metrics.jsonl and TensorBoard event files here")
+    log_dir: Optional[str] = _f(None, "rank 0 appends per-epoch metrics to metrics.jsonl and TensorBoard event "
+                                      "files here (`tensorboard --logdir DIR`)")
     wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
-                                            "(needs `pip install wandb`; unset = {unset})", unset="off")
+                                            "(needs `pip install wandb`; `make setup` installs the pinned client for the "
+                                            "tests, which run it offline; unset = {unset})", unset="off")
     uneven_data: Optional[str] = _f(None, "give ranks different amounts of data, for tests and benchmarks: "
                                           "`RANK:FRACTION[,...]` trains that rank on FRACTION of its batches "
                                           "each epoch; it then joins (hvd.join) while the others finish")
@@ -56,7 +59,8 @@ class LaunchConfig:
                                         "sleeps MS milliseconds before each of that rank's steps")
     allow_cpu: bool = _f(False, "train on the CPU when this host has fewer GPUs than ranks (else a one-line "
                                 "error naming the counts)")
-    quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints)")
+    quiet: bool = _f(False, "no progress bar and no per-epoch lines on stderr (the JSON summary still prints; "
+                            "rank 0 shows a tqdm bar only when stderr is a terminal)")
     framework_logs: bool = _f(False, "show TensorFlow's C++ start-up logs (absl INFO lines: oneDNN, CPU features, "
                                      "gRPC), which are kept off stderr by default")
 
@@ -65,32 +69,39 @@ class LaunchConfig:
 class WorkloadConfig:
     """The model, the data, the optimizer and its schedule."""
     group = "workload"
-    model: str = _f(Model.MLP.value, "mlp, linear, resnet18, resnet50 or transformer_lm (built in), or your "
-                                     "own: `pkg.module:build` (a module on PYTHONPATH or a .py file before the "
-                                     "colon; build(config) returns the "
+    model: str = _f(Model.MLP.value, "mlp, linear, resnet18, resnet50 (torchvision, keras.applications / Keras "
+                                     "layers, Gluon's model zoo; weights=None) or transformer_lm (a decoder-only "
+                                     "LM, torch and Keras 3) (built in), or your own: `pkg.module:build` (a module "
+                                     "on PYTHONPATH or a .py file before the colon; build(config) returns the "
                                      "framework's model; an optional `loss(outputs, labels)` beside it replaces "
                                      "cross-entropy)")
     hidden_size: int = _f(64, "width of each hidden layer (mlp); the model width (transformer_lm)")
     hidden_layers: int = _f(1, "number of hidden layers (mlp); of transformer blocks (transformer_lm)")
     heads: int = _f(4, "transformer_lm: attention heads (hidden_size must be a multiple)")
     context: int = _f(64, "transformer_lm and text:PATH: tokens per sample (the attention window)")
-    dataset: str = _f(Dataset.DIGITS.value, "digits or synthetic (built in, no download); imagefolder:PATH, "
-                                           "cifar10:PATH or text:PATH (on disk, read by the framework's own "
-                                           "readers); or your own: `pkg.module:load` (load(config) returns "
-                                           "(train, eval): numpy (x, y) arrays or the framework's datasets)")
+    dataset: str = _f(Dataset.DIGITS.value, "digits (scikit-learn's real 8x8 digits) or synthetic (shaped for the "
+                                           "model) (built in, no download); on disk, read by the framework's own "
+                                           "readers: imagefolder:PATH (PATH/<class>/*.png|jpg with 20% held out, or "
+                                           "PATH/train/... + PATH/val/...), cifar10:PATH (CIFAR-10's python "
+                                           "batches) or text:PATH (byte tokens, the last 10% evaluated); or your "
+                                           "own: `pkg.module:load` (load(config) returns (train, eval): numpy "
+                                           "(x, y) arrays or the framework's datasets)")
     image_size: Optional[int] = _f(None, "imagefolder and synthetic images: the side images are resized to; "
-                                         "unset = {unset}; cifar10 is 32", unset=224, note="(ImageNet's)")
+                                         "at least 32; unset = {unset}; cifar10 is 32", unset=224, note="(ImageNet's)")
     augment: bool = _f(True, "imagefolder: random crop (padded by 1/8 of the side) and horizontal flip of the "
                              "training images")
     epochs: int = _f(10, "passes over the training set")
-    batch_size: int = _f(32, "samples per micro-batch on each worker")
+    batch_size: int = _f(32, "samples per micro-batch per replica (a rank under Horovod, a device under mirrored)")
     optimizer: Optimizer = _f(Optimizer.SGD, "optimizer")
     lr: float = _f(0.05, "base learning rate (before lr_scaling)")
     momentum: float = _f(0.9, "SGD momentum")
     weight_decay: float = _f(0.0, "L2 weight decay")
-    lr_scaling: LrScaling = _f(LrScaling.NONE, "scale lr by world size")
-    warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs")
-    seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r")
+    lr_scaling: LrScaling = _f(LrScaling.NONE, "scale lr by world size: none, linear (x world size) or sqrt "
+                                               "(x sqrt(world size))")
+    warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs: from the unscaled lr to the "
+                                   "scaled one (Goyal et al.), or from ~0 to lr when not scaled")
+    seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r; data order depends on seed "
+                       "and epoch only")
     loader_workers: int = _f(0, "torch Dataset loaders: DataLoader worker processes per rank (0: read in the "
                                 "training process)")
 
@@ -99,8 +110,11 @@ class WorkloadConfig:
 class CommunicationConfig:
     """How the gradients (or models) move between the ranks: reduction, compression, synchronisation."""
     group = "communication"
-    compression: Compression = _f(Compression.NONE, "gradient compression on the wire: fp16 is Horovod's; "
-                                                    "bf16, int8, topk and powersgd are the toolkit's")
+    compression: Compression = _f(Compression.NONE, "gradient compression on the wire: fp16 is Horovod's (inside "
+                                                    "its allreduce); bf16, int8 (per block of 256 values + a "
+                                                    "float32 scale), topk (indices + values, allgathered) and "
+                                                    "powersgd (low-rank factors, allreduced) are the toolkit's "
+                                                    "(docs/COMMUNICATION.md)")
     topk_ratio: Optional[float] = _f(None, "compression topk: fraction of gradient values sent, in (0, 1]; "
                                            "unset = {unset}", unset=0.01)
     dgc: bool = _f(False, "compression topk: Deep Gradient Compression (momentum correction and masking: the SGD "
@@ -111,20 +125,25 @@ class CommunicationConfig:
     dgc_masking: bool = _f(True, "dgc: momentum factor masking (zero the momentum where a value was sent, as the "
                                  "paper does); false keeps it (both measured in docs/COMMUNICATION.md)")
     powersgd_rank: Optional[int] = _f(None, "compression powersgd: rank r of each gradient matrix's approximation "
-                                            "(P n x r, Q m x r); unset = {unset}", unset=1,
+                                            "(P n x r, Q m x r; vectors and small matrices are sent whole); "
+                                            "unset = {unset}", unset=1,
                                       note="(torch's hook's default)")
     powersgd_warmup_steps: int = _f(0, "compression powersgd: first optimizer steps allreduced uncompressed "
                                        "(torch's start_powerSGD_iter; 0 = compress from the start, as the paper)")
     error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk/powersgd: add what was not sent to the "
-                                              "next step's gradient; unset = {unset}", unset=True)
+                                              "next step's gradient (kept per parameter and rank, saved in "
+                                              "checkpoints); unset = {unset}", unset=True)
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
-                                     "steps, then the models averaged), or a parameter server: async_ps (no "
-                                     "waiting) or ssp (no worker more than `staleness` steps ahead)")
+                                     "steps, then the models and optimizer slots averaged; also at each epoch's "
+                                     "end), or a parameter server over mpi4py: async_ps (no waiting) or ssp (no "
+                                     "worker more than `staleness` steps ahead)")
     local_steps: Optional[int] = _f(None, "sync local_sgd: optimizer steps between model averages (H); "
                                           "unset = {unset}", unset=4)
     sync_warmup_steps: int = _f(0, "sync local_sgd: first steps fully synchronous (post-local SGD)")
-    accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step)")
-    op: Op = _f(Op.AVERAGE, "gradient reduction")
+    accumulation_steps: int = _f(1, "micro-batches per optimizer step (backward_passes_per_step); global batch = "
+                                    "batch_size x accumulation_steps x replicas")
+    op: Op = _f(Op.AVERAGE, "gradient reduction: average, sum or adasum (Adasum needs Horovod's MPI controller and "
+                            "2^n ranks; MXNet: average or sum)")
 
 
 @dataclass(frozen=True)
@@ -145,24 +164,29 @@ class PrecisionConfig:
     group = "precision"
     precision: Precision = _f(Precision.FP32, "the forward pass's arithmetic: fp32, bf16 (torch autocast, Keras's "
                                               "mixed_bfloat16 policy, MXNet's AMP) or fp16 (torch autocast, Keras's "
-                                              "mixed_float16; dynamic loss scaling); weights and the optimizer "
-                                              "stay fp32")
+                                              "mixed_float16; dynamic loss scaling: an overflow skips the step on "
+                                              "every rank, counted in skipped_steps); weights and the optimizer "
+                                              "stay fp32; MXNet: bf16 only, on a CPU with AVX-512")
     sync_batchnorm: bool = _f(False, "BatchNorm layers normalise with the statistics of every rank's batch "
                                      "(torch: the toolkit's SyncBatchNorm on Horovod; Keras 3: its "
                                      "BatchNormalization with moments allreduced, or synchronized=True under a "
-                                     "strategy)")
+                                     "strategy; refused for MXNet and tf-keras)")
     clip_grad_norm: Optional[float] = _f(None, "clip the reduced gradient (after the allreduce, over the whole "
-                                               "accumulated step) to this global L2 norm; unset = {unset}",
+                                               "accumulated step) to this global L2 norm; session.grad_norm is the "
+                                               "norm before clipping; unset = {unset}",
                                          unset="no clipping")
-    nan_guard: bool = _f(True, "stop every rank with one line when a step's reduced gradient norm (or its loss) "
-                               "is NaN or infinite, before anything is saved; costs one host read per step")
+    nan_guard: bool = _f(True, "stop every rank with one line when a step's reduced gradient norm (when clipping) "
+                               "or its loss averaged over the ranks is NaN or infinite, before anything is "
+                               "saved; costs one host read per step")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoints, resume and preemption."""
     group = "checkpoint"
-    checkpoint_dir: Optional[str] = _f(None, "rank 0 writes checkpoints and config.yaml here")
+    checkpoint_dir: Optional[str] = _f(None, "rank 0 writes ckpt-<step>/ folders (after each epoch, atomically) "
+                                             "and config.yaml here; a folder holding an earlier run's checkpoints "
+                                             "is refused unless resume (nothing is overwritten)")
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
     resume: bool = _f(False, "continue from the latest checkpoint in checkpoint_dir")
     preemption_check_every: int = _f(10, "steps between the ranks' checks for SIGTERM (one small allreduce: "

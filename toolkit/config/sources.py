@@ -141,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("config (also YAML keys and TOOLKIT_<KEY> variables)")
     for f in dataclasses.fields(Config):
         kind, _ = _base_type(f)
-        help_text = f.metadata["help"] + f" (default: {_plain(f.default)})"
+        # argparse formats help with %: a literal percent sign is written twice
+        help_text = f.metadata["help"].replace("%", "%%") + f" (default: {_plain(f.default)})"
         if kind is bool:
             group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
