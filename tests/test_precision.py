@@ -93,3 +93,19 @@ def test_mxnet_bf16_needs_avx512_and_says_so_in_one_line():
         check_bf16_cpu(frozenset({"sse4_2", "avx2", "fma"}))
     check_bf16_cpu(toolchain.AVX512_CORE | {"avx2"})       # runs
     assert toolchain.cpu_runs_bf16(frozenset()) and not toolchain.cpu_runs_bf16(frozenset({"avx2"}))
+
+
+def test_mxnet_bf16_turns_on_mxnets_amp_in_bfloat16():
+    """Whatever the CPU, precision bf16 turns on MXNet's AMP with bfloat16 before a model is built
+    (on a CPU without AVX-512 the session refuses first, so this is checked without running an op)."""
+    code = ("from toolkit.adapters.mxnet.precision import Precision\n"
+            "from mxnet.contrib import amp\n"
+            "assert not amp.amp._amp_initialized\n"
+            "Precision('fp32', on_cpu=False)\n"
+            "assert not amp.amp._amp_initialized\n"
+            "Precision('bf16', on_cpu=False)\n"
+            "assert amp.amp._amp_initialized\n"
+            "import mxnet as mx\n"
+            "print(mx.nd.Convolution.__doc__ is not None and 'ok')\n")
+    proc = run([sys.executable, "-c", code], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

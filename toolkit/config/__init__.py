@@ -10,8 +10,9 @@ Bad input raises `ToolkitError` with one line naming the key, where it came from
     schema.py   `Config`, the flat frozen dataclass composed from the groups
     rules.py    validation: one key's range, keys across groups, what the framework and backend implement
     derived.py  the defaults that depend on other keys, filled in by a step that returns a new Config
+    values.py   a source's raw values coerced to each key's type (one-line errors), YAML groups flattened
     sources.py  YAML, TOOLKIT_* environment, flags, and their merge (`resolve`, `load`)
-    docs.py     docs/CONFIG.md, generated from the fields (`python -m toolkit.config.docs`)
+    docs.py     docs/CONFIG.md, generated from the fields (`toolkit config docs`)
 """
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
                     LrScaling, Model, Op, Optimizer, Precision, Strategy, Sync)
@@ -20,8 +21,8 @@ from .groups import (ELASTIC_KEYS, GROUP_CLASSES, GROUPS, ORDER, CheckpointConfi
                      WorkloadConfig, _example, _f, _plain, flag, unset_default)
 from .rules import _bad, _rank_values, is_reference, on_disk
 from .schema import Config
-from .sources import (_FALSE, _TRUE, ENV_PREFIX, ENV_RESERVED, _base_type, _coerce, _field, add_arguments,
-                      flatten_groups, load, read_env, read_yaml, resolve)
+from .sources import ENV_PREFIX, ENV_RESERVED, _field, add_arguments, load, read_env, read_yaml, resolve
+from .values import _FALSE, _TRUE, _base_type, _coerce, flatten_groups
 
 __all__ = [
     "Backend", "CheckpointConfig", "CommunicationConfig", "Compression", "Config", "Dataset", "ELASTIC_KEYS",

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from toolkit.errors import ToolkitError
 
 from . import derived, rules
+from .values import _coerce, flatten_groups
 from .enums import PS_SYNCS, TOOLKIT_COMPRESSIONS, Sync
 from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, _plain
 
@@ -111,8 +112,6 @@ class Config(metaclass=_Complete):
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "Config":
-        from .sources import _coerce, flatten_groups
-
         kinds = {f.name: f for f in dataclasses.fields(cls)}
         unknown = [k for k in values if k not in kinds]
         if unknown:

@@ -16,63 +16,13 @@ from typing import Any, Mapping
 from toolkit.errors import ToolkitError
 
 from .enums import Backend, Keras
-from .groups import GROUPS, _example, _plain, flag
-from .groups import base_type as _key_type
+from .groups import _plain, flag
 from .schema import Config
+from .values import _TRUE, _base_type, _coerce, flatten_groups
 
 ENV_PREFIX = "TOOLKIT_"
 # TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
 ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_REQUIRE_MULTIHOST"})
-
-
-def _base_type(f: dataclasses.Field):
-    """(the field's type without Optional, whether None is allowed)."""
-    return _key_type(f.name)
-
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def _coerce(f: dataclasses.Field, raw, source: str):
-    """Turn a YAML, environment or CLI value into the field's type, or say what was expected."""
-    kind, optional = _base_type(f)
-    where = f" (from {source})"
-    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
-        return None
-    text = raw.strip() if isinstance(raw, str) else raw
-    try:
-        if isinstance(kind, type) and issubclass(kind, enum.Enum):
-            return kind(str(text).lower())
-        if "choices" in f.metadata:
-            choices = f.metadata["choices"]()
-            if str(text) not in choices:
-                raise ToolkitError(f"{f.name}={raw!r}{where} not found. Available: {', '.join(choices)}")
-            return str(text)
-        if kind is bool:
-            if isinstance(text, bool):
-                return text
-            if str(text).lower() in _TRUE | _FALSE:
-                return str(text).lower() in _TRUE
-            raise ValueError
-        if kind is int:
-            if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
-                raise ValueError
-            return int(text)
-        if kind is float:
-            if isinstance(text, bool):
-                raise ValueError
-            return float(text)
-        if kind is str:
-            if not isinstance(text, (str, int, float)) or isinstance(text, bool):
-                raise ValueError
-            return str(text)
-    except (ValueError, TypeError):
-        pass
-    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind)
-    if expected is None:
-        expected = "one of: " + ", ".join(m.value for m in kind)
-    raise ToolkitError(f"{f.name}={raw!r}{where} must be {expected}; e.g. {flag(f.name)} {_example(f.name)}")
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -97,25 +47,6 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise ToolkitError(f"--config {path}: expected `key: value` lines at the top level, "
                            f"got a {type(data).__name__}")
     return flatten_groups(data, f"--config {path}")
-
-
-def flatten_groups(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """`elastic: {min_np: 2}` -> `elastic_min_np: 2` (a YAML group is its keys with a prefix)."""
-    out = {}
-    for key, value in data.items():
-        if key not in GROUPS:
-            out[key] = value
-            continue
-        if not isinstance(value, dict):
-            raise ToolkitError(f"{source}: `{key}` is a group of keys ({', '.join(GROUPS[key])}); write e.g. "
-                               f"`{key}: {{{GROUPS[key][0]}: 2}}`")
-        for sub, v in value.items():
-            if sub not in GROUPS[key]:
-                near = difflib.get_close_matches(str(sub), GROUPS[key], n=1)
-                hint = f"did you mean {near[0]!r}? " if near else ""
-                raise ToolkitError(f"{source}: unknown key {key}.{sub}; {hint}allowed: {', '.join(GROUPS[key])}")
-            out[f"{key}_{sub}"] = v
-    return out
 
 
 def read_env(environ: Mapping[str, str]) -> dict[str, str]:

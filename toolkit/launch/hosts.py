@@ -1,5 +1,6 @@
 """The hosts of a job: -H and hostfiles parsed, every host resolved and its ssh port probed before a
-launcher starts (one line naming the first host that fails), which of them are this machine."""
+launcher starts (one line naming the first host that fails), which of them are this machine. `spec`
+below is the launch's LaunchSpec (toolkit/launch/launcher.py): its hosts, ssh options and timeout."""
 from __future__ import annotations
 
 import os
@@ -7,12 +8,8 @@ import shutil
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from toolkit.errors import ToolkitError
-
-if TYPE_CHECKING:
-    from toolkit.launch.launcher import LaunchSpec
 
 
 def parse_hosts(hosts: str) -> list[tuple[str, int]]:
@@ -66,7 +63,7 @@ def read_hostfile(path: str) -> str:
     return text
 
 
-def check_hosts(spec: LaunchSpec) -> None:
+def check_hosts(spec) -> None:
     """Before any launcher starts: every host of -H/--hostfile has an address, and every other host's
     ssh port takes a connection within --start-timeout (all hosts at once). One line naming the first
     host that fails; without this, mpirun prints a 20-line banner, horovodrun's ssh check takes up to
@@ -111,7 +108,7 @@ def is_this_machine(host: str) -> bool:
     return False
 
 
-def ssh_port_answers(host: str, spec: LaunchSpec) -> str | None:
+def ssh_port_answers(host: str, spec) -> str | None:
     """None when `host`'s ssh port (as ssh's own configuration resolves it: `ssh -G`) takes a TCP
     connection within --start-timeout; else what went wrong, starting with the host's name. Hosts
     reached through a ProxyJump or ProxyCommand are left to ssh."""

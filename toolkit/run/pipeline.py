@@ -3,7 +3,8 @@
     resolve -> quiet logs -> start -> setup -> loaders -> resume -> (train) -> summary -> exit code
 
 - a user's script: `toolkit.start(...)` runs resolve, quiet logs and start, and goes on by itself;
-- `toolkit train` / examples/train.py: all of it (`main`), training by toolkit/run/trainer.py;
+- `toolkit train` / examples/train.py: all of it, training by toolkit/run/trainer.py
+  (toolkit/commands/train.py prints its summary);
 - the parameter server's workers (toolkit/run/ps.py): start on their communicator, setup, loaders, their
   own loop, the same summary;
 - `toolkit bench` (toolkit/planner/bench.py): start, setup, one batch, timed steps.
@@ -13,9 +14,6 @@ the JSON summary's common part is built here once.
 """
 from __future__ import annotations
 
-import json
-import math
-import sys
 from pathlib import Path
 
 from toolkit import api
@@ -102,26 +100,3 @@ def summary(config, session, *, world_size: int, processes: int, path: str, step
         "samples_per_sec": samples_per_sec, "compression": config.compression.value, "sync": config.sync.value,
         **details, "device": session.device, "rank": session.rank,
     }
-
-
-def main(config) -> int:
-    """`toolkit train`: the whole pipeline on this rank; rank 0 prints the summary as one JSON line."""
-    from toolkit.run import trainer
-
-    result = trainer.run(config)
-    if result.pop("rank") == 0:
-        # one write, so mpirun's --tag-output cannot split the line from its newline
-        sys.stdout.write(json.dumps(finite(result), allow_nan=False) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-def finite(value):
-    """NaN and infinities are not JSON: null instead, at any depth of the summary."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
