@@ -77,6 +77,25 @@ def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
     assert {f: m for f, m in ambiguous.items() if len(m) > 1} == {}
 
 
+@pytest.mark.parametrize("argv, unknown", [
+    (["launch", "-np", "2", "--gpu", "--emit", "slurm", "--", "true"], "--gpu"),      # was taken as --gpus
+    (["launch", "-np", "2", "--bogus", "--dry-run", "--", "true"], "--bogus"),
+    (["config", "show", "--epoch", "3"], "--epoch 3"),                                 # was taken as --epochs
+    (["train", "--lr-sched", "cosine"], "--lr-sched cosine"),
+    (["bench", "--np", "1", "--iter", "2", "--dry-run"], "--iter 2 --dry-run"),        # --iter was --iters
+    (["doctor", "--frame", "torch"], "--frame torch"),
+])
+def test_a_subcommands_bad_flag_is_its_own_usage_and_one_error_line(argv, unknown):
+    """Issue 33: no abbreviated flags (`toolkit launch --gpu` ran as --gpus), and a subcommand's unknown
+    flag shows that subcommand's usage line, not the top-level `usage: toolkit [-h] COMMAND ...`."""
+    prog = "toolkit " + " ".join(argv[:2] if argv[0] == "config" else argv[:1])
+    proc = toolkit(*argv, timeout=60)
+    assert proc.returncode == 2 and not proc.stdout, proc.stdout
+    usage, error = proc.stderr.splitlines()
+    assert usage.startswith(f"usage: {prog} ") and error == f"{prog}: error: unrecognized arguments: {unknown}", \
+        proc.stderr
+
+
 def test_wandb_asked_but_not_installed(tmp_path):
     """`make setup` installs wandb (for the test above); a sitecustomize hides it here, as a
     user's environment without it would be (`sys.modules['wandb'] = None`: find_spec says None)."""

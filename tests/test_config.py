@@ -1,5 +1,6 @@
 """Config precedence and validation (no framework, no MPI)."""
 import dataclasses
+import re
 
 import pytest
 
@@ -57,7 +58,7 @@ def test_roundtrip_through_yaml(tmp_path, values):
     assert again == c
 
 
-@pytest.mark.parametrize("values, needles", [
+BAD_VALUES = [
     ({"lr": "abc"}, ["lr='abc'", "--lr", "must be a number"]),
     ({"batch_size": "0"}, ["batch_size=0", "positive integer", "--batch-size"]),
     ({"batch_size": "-4"}, ["batch_size=-4"]),
@@ -141,7 +142,17 @@ def test_roundtrip_through_yaml(tmp_path, values):
     ({"straggler": "1"}, ["straggler='1'", "RANK:MS"]),
     ({"straggler": "1:-5"}, ["straggler='1:-5'", "MS >= 0"]),
     ({"straggler": "x:5"}, ["straggler='x:5'"]),
-])
+    # the learning-rate schedule (issue 33)
+    ({"lr_schedule": "linear"}, ["lr_schedule='linear'", "constant, cosine, step"]),
+    ({"lr_step_epochs": "2"}, ["lr_step_epochs applies to lr_schedule: step", "--lr-schedule step"]),
+    ({"lr_schedule": "cosine", "lr_step_gamma": "0.5"}, ["lr_step_gamma applies to lr_schedule: step"]),
+    ({"lr_schedule": "step", "lr_step_epochs": "0"}, ["lr_step_epochs=0.0", "> 0", "--lr-step-epochs"]),
+    ({"lr_schedule": "step", "lr_step_gamma": "0"}, ["lr_step_gamma=0.0", "(0, 1]"]),
+    ({"lr_schedule": "step", "lr_step_gamma": "1.5"}, ["lr_step_gamma=1.5", "(0, 1]"]),
+]
+
+
+@pytest.mark.parametrize("values, needles", BAD_VALUES)
 def test_bad_values_name_the_field(values, needles):
     with pytest.raises(ToolkitError) as e:
         config.resolve(values, environ={})
@@ -196,6 +207,63 @@ def test_unknown_environment_variable():
 def test_env_value_error_names_the_variable():
     with pytest.raises(ToolkitError, match="from TOOLKIT_LR"):
         config.resolve({}, environ={"TOOLKIT_LR": "fast"})
+
+
+def _error(**resolve) -> str:
+    with pytest.raises(ToolkitError) as e:
+        config.resolve(**resolve)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_range_error_names_the_flag_variable_or_yaml_file_and_key_it_came_from(tmp_path):
+    """Issue 33: `TOOLKIT_LR=-1` said `lr=-1.0 must be > 0; e.g. --lr 0.05`, naming neither the
+    variable nor, for YAML, the file."""
+    assert _error(args={}, environ={"TOOLKIT_LR": "-1"}).endswith("(lr from TOOLKIT_LR)")
+    assert _error(args={"lr": "-1"}, environ={}).endswith("(lr from --lr)")
+    path = write(tmp_path, "lr: -1\n")
+    assert _error(args={"config": path}, environ={}).endswith(f"(lr from {path}, key lr)")
+    path = write(tmp_path, "elastic: {min_np: 0}\n", name="el.yaml")
+    assert f"(elastic_min_np from {path}, key elastic.min_np)" in _error(args={"config": path}, environ={})
+    # the highest source is the one named: the flag beats the file's value
+    assert _error(args={"config": write(tmp_path, "lr: 0.1\n", name="ok.yaml"), "lr": "0"},
+                  environ={}).endswith("(lr from --lr)")
+    with pytest.raises(ToolkitError, match=r"\(lr from start\(\)\)$"):
+        config.load({"lr": -1})
+    with pytest.raises(ToolkitError, match=r"\(lr from start\(\)\)$"):
+        config.load(Config(), lr=-1)
+    with pytest.raises(ToolkitError) as e:      # built directly: no source to name, the message alone
+        Config(lr=-1)
+    assert str(e.value) == "lr=-1 must be > 0; e.g. --lr 0.05 or `lr: 0.05` in YAML"
+
+
+def test_a_cross_key_error_names_the_source_of_each_key_set(tmp_path):
+    path = write(tmp_path, "compression: fp16\n")
+    message = _error(args={"config": path, "topk_ratio": "0.5"}, environ={})
+    assert message.startswith("topk_ratio applies to compression: topk (got compression='fp16')")
+    assert message.endswith(f"(topk_ratio from --topk-ratio; compression from {path}, key compression)")
+    # a key at its default is not named (it came from nowhere)
+    assert _error(args={}, environ={"TOOLKIT_TOPK_RATIO": "0.5"}).endswith("(topk_ratio from TOOLKIT_TOPK_RATIO)")
+    # TensorFlow's own switch for legacy Keras is named when it chose keras
+    message = _error(args={"framework": "tensorflow", "compression": "int8"}, environ={"TF_USE_LEGACY_KERAS": "1"})
+    assert "keras from TF_USE_LEGACY_KERAS=1" in message and "compression from --compression" in message
+
+
+@pytest.mark.parametrize("values, needles", BAD_VALUES)
+def test_every_rule_error_names_where_its_values_came_from(tmp_path, values, needles):
+    """Every bad config of the table above (types, choices, ranges, keys across groups, what a
+    framework implements), its keys given as TOOLKIT_* variables and then as a YAML file: the one line
+    still says what is wrong, and names a variable / the file and key of a value it is about."""
+    env = {f"TOOLKIT_{k.upper()}": v for k, v in values.items()}
+    message = _error(args={}, environ=env)
+    assert all(needle in message for needle in needles), message
+    named = re.findall(r"(\w+) from (TOOLKIT_\w+)", message)
+    assert named and all(f"TOOLKIT_{key.upper()}" == var and key in values for key, var in named), message
+    import yaml
+    path = write(tmp_path, yaml.safe_dump(values))
+    message = _error(args={"config": path}, environ={})
+    named = re.findall(rf"(\w+) from {re.escape(path)}, key (\w+)", message)
+    assert named and all(key == spelled and key in values for key, spelled in named), message
 
 
 def test_tf_use_legacy_keras_selects_tf_keras_for_horovod_only():

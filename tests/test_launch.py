@@ -251,6 +251,30 @@ def test_emitted_slurm_script_requeues_a_preempted_job_and_the_next_run_resumes(
         assert check.returncode == 0, check.stdout
 
 
+def test_emit_slurm_reads_checkpoint_dir_from_the_config_the_command_names(tmp_path):
+    """Issue 33: the README's own example (`--config examples/cfg.yaml`, whose checkpoint_dir is
+    runs/exp1) got no --signal/--requeue: only a --checkpoint-dir on the command line counted. The
+    ranks' precedence holds: the flag, then a TOOLKIT_CHECKPOINT_DIR given with --env, then the file."""
+    def emitted(*args, command=("python", "examples/train.py")):
+        proc = toolkit("launch", "-np", "2", *args, "--emit", "slurm", "--", *command)
+        assert proc.returncode == 0, proc.stderr
+        resumes = [line for line in proc.stdout.splitlines() if line.startswith("resume=()")]
+        assert len(resumes) <= 1
+        requeued = "#SBATCH --signal=TERM@120" in proc.stdout and "#SBATCH --requeue" in proc.stdout
+        assert requeued == bool(resumes), proc.stdout
+        return shlex.split(resumes[0])[3][:-len("/ckpt-*")] if resumes else None
+
+    readme = ("python", "examples/train.py", "--config", "examples/cfg.yaml")
+    assert emitted(command=readme) == "runs/exp1"
+    other = tmp_path / "other.yaml"
+    other.write_text("epochs: 2\n")
+    assert emitted(command=("python", "examples/train.py", f"--config={other}")) is None
+    assert emitted(command=(*readme, "--checkpoint-dir", "runs/mine")) == "runs/mine"
+    assert emitted("--env", "TOOLKIT_CHECKPOINT_DIR=runs/env", command=readme) == "runs/env"
+    one_line_error(toolkit("launch", "-np", "2", "--emit", "slurm", "--", "python", "t.py", "--config",
+                           tmp_path / "missing.yaml"), "file not found")
+
+
 def test_emit_mpijob_manifest():
     import yaml
     proc = toolkit("launch", "-np", "4", "-H", "n1:2,n2:2", "--emit", "mpijob", "--image", "example/toolkit:cpu",

@@ -1,11 +1,14 @@
-"""Learning-rate scaling/warm-up and the data split across ranks (pure functions, no framework)."""
+"""Learning-rate scaling, warm-up and schedules, and the data split across ranks (pure functions, no framework),
+and the schedule's lr as a real 2-rank run logs it."""
+import json
 import math
 
 import numpy as np
 import pytest
 
+from tests.conftest import horovod_status, train_job
 from toolkit.run import data, schedule
-from toolkit.config import Config, LrScaling
+from toolkit.config import Config, LrScaling, LrSchedule
 
 
 @pytest.mark.parametrize("scaling, size, expected", [
@@ -29,6 +32,69 @@ def test_warmup_without_scaling_ramps_from_small_to_lr():
     lrs = [schedule.lr_at(c, 2, step, steps_per_epoch=4) for step in range(6)]
     assert lrs[0] == pytest.approx(0.025) and lrs[3] < 0.1 and lrs[4:] == [pytest.approx(0.1)] * 2
     assert schedule.lr_at(Config(lr=0.1), 2, 0, 4) == 0.1
+
+
+def test_constant_schedule_is_the_default_and_unchanged_bit_for_bit():
+    """lr_schedule constant (the default) is the lr of before the key existed: warm-up, then the scaled lr."""
+    for c in (Config(lr=0.1, lr_scaling=LrScaling.LINEAR, warmup_epochs=2), Config(lr=0.07, warmup_epochs=0.5),
+              Config(lr=0.3)):
+        assert c.lr_schedule is LrSchedule.CONSTANT
+        target = schedule.scaled_lr(c, 4)
+        warmup = int(round(c.warmup_epochs * 10))
+        start = c.lr if target > c.lr else target / max(warmup, 1)
+        before = [start + (target - start) * step / warmup if step < warmup else target for step in range(40)]
+        assert [schedule.lr_at(c, 4, step, steps_per_epoch=10) for step in range(40)] == before
+
+
+def test_cosine_schedule_decays_from_the_scaled_lr_to_zero_after_the_warmup():
+    """After `warmup_epochs`, lr = scaled lr x (1 + cos(pi x t / T)) / 2 with t the steps since the warm-up and
+    T the steps left in the run (epochs x steps_per_epoch - warm-up steps): 0 when the last step is done."""
+    c = Config(lr=0.1, lr_scaling=LrScaling.LINEAR, warmup_epochs=1, epochs=4, lr_schedule=LrSchedule.COSINE)
+    spe, target = 10, 0.2
+    lrs = [schedule.lr_at(c, 2, step, steps_per_epoch=spe) for step in range(41)]
+    warm = Config(lr=0.1, lr_scaling=LrScaling.LINEAR, warmup_epochs=1, epochs=4)
+    assert lrs[:10] == [schedule.lr_at(warm, 2, step, spe) for step in range(10)], "the warm-up is kept"
+    expected = [target * (1 + math.cos(math.pi * (step - 10) / 30)) / 2 for step in range(10, 41)]
+    assert lrs[10:] == pytest.approx(expected, abs=1e-15)
+    assert lrs[10] == pytest.approx(target) and lrs[25] == pytest.approx(target / 2) and lrs[40] == pytest.approx(0)
+    assert all(b < a for a, b in zip(lrs[10:], lrs[11:]))
+    # without warm-up it starts at the scaled lr at step 0, and goes no lower than 0 past the end
+    plain = Config(lr=0.1, epochs=2, lr_schedule=LrSchedule.COSINE)
+    assert schedule.lr_at(plain, 1, 0, 5) == 0.1 and schedule.lr_at(plain, 1, 7, 5) == pytest.approx(
+        0.05 * (1 + math.cos(math.pi * 0.7))) and schedule.lr_at(plain, 1, 12, 5) == 0.0
+
+
+def test_step_schedule_multiplies_by_gamma_every_lr_step_epochs():
+    """torch's StepLR counted in epochs from the first step: lr = scaled lr x gamma ** floor(step / (lr_step_epochs
+    x steps_per_epoch)); the warm-up ramps to the scaled lr as with every schedule."""
+    c = Config(lr=0.1, lr_schedule=LrSchedule.STEP, lr_step_epochs=1.5, lr_step_gamma=0.5, warmup_epochs=1, epochs=6)
+    spe = 4                                   # a decay every 6 steps
+    lrs = [schedule.lr_at(c, 1, step, steps_per_epoch=spe) for step in range(24)]
+    assert lrs[:4] == [0.025 + (0.1 - 0.025) * step / 4 for step in range(4)]
+    assert lrs[4:] == [0.1 * 0.5 ** (step // 6) for step in range(4, 24)]
+    defaults = Config(lr_schedule=LrSchedule.STEP)
+    assert (defaults.lr_step_epochs, defaults.lr_step_gamma) == (30, 0.1)
+    assert schedule.lr_at(defaults, 1, 30 * 7 - 1, 7) == defaults.lr and schedule.lr_at(defaults, 1, 30 * 7, 7) == \
+        pytest.approx(defaults.lr * 0.1) and schedule.lr_at(defaults, 1, 60 * 7, 7) == pytest.approx(defaults.lr * 0.01)
+
+
+@pytest.mark.distributed
+def test_two_ranks_log_the_cosine_schedules_lr_each_epoch(tmp_path):
+    """examples/train.py on 2 ranks (toolkit launch, Gloo), --lr-schedule cosine after a 1-epoch warm-up with
+    linear scaling: each epoch's line in metrics.jsonl carries the lr of its last step, as the closed form says."""
+    if horovod_status("torch"):
+        pytest.skip(f"horovod.torch does not import ({horovod_status('torch')}); run `make setup`")
+    out = train_job("gloo", ["--framework", "torch", "--dataset", "digits", "--epochs", "3", "--lr", "0.05",
+                             "--lr-scaling", "linear", "--warmup-epochs", "1", "--lr-schedule", "cosine", "--log-dir",
+                             tmp_path], timeout=240)
+    spe = 1437 // (2 * 32)                    # 22 steps per epoch: 2 ranks x batch 32
+    base, target = 0.05, 0.1
+    warm = base + (target - base) * (spe - 1) / spe
+    expected = [warm] + [target * (1 + math.cos(math.pi * (step - spe) / (2 * spe))) / 2
+                         for step in (2 * spe - 1, 3 * spe - 1)]
+    logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == pytest.approx(expected, rel=1e-9) and logged[1] > logged[2] > 0
+    assert out["lr"] == pytest.approx(expected[-1], rel=1e-9) and out["steps"] == 3 * spe
 
 
 @pytest.mark.parametrize("size, k, b", [(2, 2, 8), (3, 1, 5), (4, 3, 2)])

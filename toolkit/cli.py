@@ -29,10 +29,29 @@ examples:
 bench and config show (accumulation_steps -> --accumulation-steps) and a TOOLKIT_<KEY> variable."""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of `toolkit` and of each command (and of `config show`: subparsers inherit the class).
+
+    Flags are never abbreviated: `toolkit launch --gpu` is an error, not `--gpus` (and a new flag cannot
+    silently change what an old abbreviation meant). An unknown flag is the command's own error: its usage
+    line and one `toolkit COMMAND: error:` line, exit 2, where argparse would hand it up to the top level and
+    print `usage: toolkit [-h] COMMAND ...`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="toolkit", description="Horovod that works today: "
-                                "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.",
-                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="toolkit", description="Horovod that works today: "
+                      "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.",
+                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)

@@ -8,7 +8,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("config", help="show the resolved configuration")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    show = verbs.add_parser("show", help="print the resolved config as YAML")
+    show = verbs.add_parser("show", help="print the resolved config as YAML",
+                            usage=f"toolkit config show {config.USAGE}")
     config.add_arguments(show)
     show.set_defaults(func=run)
     docs = verbs.add_parser("docs", help="print docs/CONFIG.md (every key, generated from the fields)")

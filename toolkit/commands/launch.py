@@ -95,9 +95,7 @@ def _elastic_settings(args, command) -> dict:
     YAML file the command passes with --config (one config for the launcher and the ranks)."""
     from toolkit import config
 
-    found = {}
-    if "--config" in command[:-1]:
-        found = config.read_yaml(command[command.index("--config") + 1])
+    found = config.command_keys(command)
     flags = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
     out = {}
     for key, flag_value in flags.items():

@@ -7,7 +7,8 @@ import sys
 def register(sub) -> None:
     from toolkit import config
 
-    p = sub.add_parser("train", help="train on this rank (start it with horovodrun, mpirun or `toolkit launch`)")
+    p = sub.add_parser("train", help="train on this rank (start it with horovodrun, mpirun or `toolkit launch`)",
+                       usage=f"toolkit train {config.USAGE}")
     config.add_arguments(p)
     p.set_defaults(func=run)
 

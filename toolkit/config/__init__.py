@@ -15,20 +15,21 @@ Bad input raises `ToolkitError` with one line naming the key, where it came from
     docs.py     docs/CONFIG.md, generated from the fields (`toolkit config docs`)
 """
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrScaling, Model, Op, Optimizer, Precision, Strategy, Sync)
+                    LrSchedule, LrScaling, Model, Op, Optimizer, Precision, Strategy, Sync)
 from .groups import (ELASTIC_KEYS, GROUP_CLASSES, GROUPS, ORDER, CheckpointConfig, CommunicationConfig,
                      ElasticConfig, HorovodConfig, LaunchConfig, ParameterServerConfig, PrecisionConfig,
                      WorkloadConfig, _example, _f, _plain, flag, unset_default)
 from .rules import _bad, _rank_values, is_reference, on_disk
 from .schema import Config
-from .sources import ENV_PREFIX, ENV_RESERVED, _field, add_arguments, load, read_env, read_yaml, resolve
-from .values import _FALSE, _TRUE, _base_type, _coerce, flatten_groups
+from .sources import (ENV_PREFIX, ENV_RESERVED, USAGE, _field, add_arguments, command_keys, load, read_env, read_yaml,
+                      resolve)
+from .values import _FALSE, _TRUE, ConfigError, _base_type, _coerce, flatten_groups
 
 __all__ = [
-    "Backend", "CheckpointConfig", "CommunicationConfig", "Compression", "Config", "Dataset", "ELASTIC_KEYS",
-    "ENV_PREFIX", "ENV_RESERVED", "ElasticConfig", "GROUPS", "GROUP_CLASSES", "HorovodConfig", "IMAGE_MODELS",
-    "Keras", "LaunchConfig", "LrScaling", "Model", "ON_DISK", "ORDER", "Op", "Optimizer", "PS_SYNCS",
-    "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync", "TOOLKIT_COMPRESSIONS",
-    "WorkloadConfig", "add_arguments", "flag", "flatten_groups", "is_reference", "load", "on_disk", "read_env",
-    "read_yaml", "resolve", "unset_default",
+    "Backend", "CheckpointConfig", "CommunicationConfig", "Compression", "Config", "ConfigError", "Dataset",
+    "ELASTIC_KEYS", "ENV_PREFIX", "ENV_RESERVED", "ElasticConfig", "GROUPS", "GROUP_CLASSES", "HorovodConfig",
+    "IMAGE_MODELS", "Keras", "LaunchConfig", "LrSchedule", "LrScaling", "Model", "ON_DISK", "ORDER", "Op",
+    "Optimizer", "PS_SYNCS", "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync",
+    "TOOLKIT_COMPRESSIONS", "USAGE", "WorkloadConfig", "add_arguments", "command_keys", "flag", "flatten_groups",
+    "is_reference", "load", "on_disk", "read_env", "read_yaml", "resolve", "unset_default",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .enums import PS_SYNCS, TOOLKIT_COMPRESSIONS, Compression, Sync
+from .enums import PS_SYNCS, TOOLKIT_COMPRESSIONS, Compression, LrSchedule, Sync
 from .groups import unset_default
 
 
@@ -21,6 +21,8 @@ def missing(c) -> dict:
         "staleness": c.sync is Sync.SSP,
         "ps_servers": c.sync in PS_SYNCS,
         "elastic_commit_every": c.elastic,
+        "lr_step_epochs": c.lr_schedule is LrSchedule.STEP,
+        "lr_step_gamma": c.lr_schedule is LrSchedule.STEP,
     }
     return {name: unset_default(name) for name, applies in applies.items() if applies and getattr(c, name) is None}
 

@@ -40,6 +40,12 @@ class LrScaling(str, enum.Enum):
     SQRT = "sqrt"           # lr * sqrt(world_size)
 
 
+class LrSchedule(str, enum.Enum):
+    CONSTANT = "constant"   # the scaled lr after the warm-up
+    COSINE = "cosine"       # half a cosine from the scaled lr to 0 over the steps after the warm-up
+    STEP = "step"           # x lr_step_gamma every lr_step_epochs (torch's StepLR)
+
+
 class Compression(str, enum.Enum):
     NONE = "none"
     FP16 = "fp16"           # Horovod's own, inside its allreduce

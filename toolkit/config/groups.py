@@ -14,7 +14,8 @@ from typing import Optional
 
 from toolkit import registry
 
-from .enums import Backend, Compression, Dataset, Keras, LrScaling, Model, Op, Optimizer, Precision, Strategy, Sync
+from .enums import (Backend, Compression, Dataset, Keras, LrSchedule, LrScaling, Model, Op, Optimizer, Precision,
+                    Strategy, Sync)
 
 
 def _show(value) -> str:
@@ -100,6 +101,16 @@ class WorkloadConfig:
                                                "(x sqrt(world size))")
     warmup_epochs: float = _f(0.0, "linear warm-up of the learning rate, in epochs: from the unscaled lr to the "
                                    "scaled one (Goyal et al.), or from ~0 to lr when not scaled")
+    lr_schedule: LrSchedule = _f(LrSchedule.CONSTANT, "the lr after the warm-up, per optimizer step: constant (the "
+                                                      "scaled lr), cosine (from the scaled lr down to 0 at the end "
+                                                      "of the last epoch: scaled lr x (1 + cos(pi x t / T)) / 2, t "
+                                                      "the steps since the warm-up, T those left in the run) or step "
+                                                      "(scaled lr x lr_step_gamma every lr_step_epochs, counted from "
+                                                      "the first step, as torch's StepLR)")
+    lr_step_epochs: Optional[float] = _f(None, "lr_schedule step: epochs between two decays (rounded to whole "
+                                               "steps); unset = {unset}", unset=30.0, note="(ResNet on ImageNet)")
+    lr_step_gamma: Optional[float] = _f(None, "lr_schedule step: the factor of each decay, in (0, 1]; "
+                                              "unset = {unset}", unset=0.1, note="(torch's StepLR)")
     seed: int = _f(42, "base seed; rank r seeds its initial weights with seed + r; data order depends on seed "
                        "and epoch only")
     loader_workers: int = _f(0, "torch Dataset loaders: DataLoader worker processes per rank (0: read in the "
@@ -229,8 +240,9 @@ GROUP_CLASSES = (LaunchConfig, WorkloadConfig, CommunicationConfig, ParameterSer
 ORDER = (
     "framework", "backend", "keras", "strategy", "num_devices", "model", "hidden_size", "hidden_layers", "heads",
     "context", "dataset", "image_size", "augment", "epochs", "batch_size", "optimizer", "lr", "momentum",
-    "weight_decay", "lr_scaling", "warmup_epochs", "compression", "topk_ratio", "dgc", "dgc_warmup_epochs",
-    "dgc_masking", "powersgd_rank", "powersgd_warmup_steps", "error_feedback", "sync", "local_steps",
+    "weight_decay", "lr_scaling", "warmup_epochs", "lr_schedule", "lr_step_epochs", "lr_step_gamma", "compression",
+    "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
+    "error_feedback", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
     "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "seed", "checkpoint_dir", "keep_checkpoints",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",

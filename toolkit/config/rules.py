@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Optional
 
 from toolkit import registry
-from toolkit.errors import ToolkitError
 
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    Model, Op, Optimizer, Precision, Strategy, Sync)
-from .groups import _example, flag
+                    LrSchedule, Model, Op, Optimizer, Precision, Strategy, Sync)
+from .groups import ELASTIC_KEYS, _example, flag
+from .values import ConfigError
+
+# The elastic keys, each of which turns elastic training on.
+ELASTIC = tuple(f"elastic_{k}" for k in ELASTIC_KEYS)
 
 
 def on_disk(value: str) -> tuple[str, str] | None:
@@ -26,27 +29,28 @@ def is_reference(value: str) -> bool:
     return bool(sep and module and function.isidentifier())
 
 
-def _rank_values(spec: Optional[str], valid, error: str) -> dict[int, float]:
-    """`RANK:VALUE[,RANK:VALUE]` -> {rank: value}; `error` (one line) when a part does not parse or
-    `valid(value)` is false."""
+def _rank_values(key: str, spec: Optional[str], valid, error: str) -> dict[int, float]:
+    """`RANK:VALUE[,RANK:VALUE]` (the value of `key`) -> {rank: value}; `error` (one line) when a part does not
+    parse or `valid(value)` is false."""
     values = {}
     for item in filter(None, (spec or "").replace(" ", "").split(",")):
         rank, _, value = item.partition(":")
         try:
             values[int(rank)] = float(value)
         except ValueError:
-            raise ToolkitError(error) from None
+            raise ConfigError(error, key) from None
         if int(rank) < 0 or not valid(values[int(rank)]):
-            raise ToolkitError(error)
+            raise ConfigError(error, key)
     return values
 
 
 def _bad(name: str, value, why: str, example: str) -> None:
-    raise ToolkitError(f"{name}={value!r} {why}; e.g. {flag(name)} {example} or `{name}: {example}` in YAML")
+    raise ConfigError(f"{name}={value!r} {why}; e.g. {flag(name)} {example} or `{name}: {example}` in YAML", name)
 
 
 def validate(c) -> None:
-    """Raise ToolkitError (one line) for the first thing wrong with Config `c`, in the historical order."""
+    """Raise ConfigError (one line, naming the keys it is about) for the first thing wrong with Config `c`, in the
+    historical order. Where each key's value came from is added by the merge of the sources (sources.py)."""
     positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
                      "hidden_layers", "keep_checkpoints", "heads", "preemption_check_every")
     for name, enum_kind, verb in (("model", Model, "build"), ("dataset", Dataset, "load")):
@@ -54,9 +58,9 @@ def validate(c) -> None:
         if name == "dataset" and on_disk(value):
             continue
         if value not in {m.value for m in enum_kind} and not is_reference(value):
-            raise ToolkitError(f"{name}={value!r}: not one of the built-in {name}s "
-                               f"({', '.join(m.value for m in enum_kind)}) nor a reference to your own "
-                               f"`pkg.module:{verb}` (a module on PYTHONPATH or a .py file before the colon)")
+            raise ConfigError(f"{name}={value!r}: not one of the built-in {name}s "
+                              f"({', '.join(m.value for m in enum_kind)}) nor a reference to your own "
+                              f"`pkg.module:{verb}` (a module on PYTHONPATH or a .py file before the colon)", name)
     _check_workload(c)
     if c.loader_workers < 0:
         _bad("loader_workers", c.loader_workers, "must be >= 0", example="2")
@@ -70,6 +74,7 @@ def validate(c) -> None:
     for name in ("weight_decay", "warmup_epochs"):
         if getattr(c, name) < 0:
             _bad(name, getattr(c, name), "must be >= 0", example="0")
+    _check_schedule(c)
     if c.fusion_threshold_mb is not None and c.fusion_threshold_mb < 0:
         _bad("fusion_threshold_mb", c.fusion_threshold_mb, "must be >= 0 (0 turns fusion off), or unset "
              "for Horovod's default", example="64")
@@ -85,15 +90,29 @@ def validate(c) -> None:
     if c.backend is Backend.NATIVE:
         for name in ("timeline_file", "stall_check_seconds", "fusion_threshold_mb", "cycle_time_ms"):
             if getattr(c, name) is not None:
-                raise ToolkitError(f"{name} is a Horovod setting and backend=native does not use Horovod; "
-                                   f"drop {name} or use --backend horovod")
+                raise ConfigError(f"{name} is a Horovod setting and backend=native does not use Horovod; "
+                                  f"drop {name} or use --backend horovod", name, "backend")
     if c.resume and not c.checkpoint_dir:
-        raise ToolkitError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
-                           "(the folder an earlier run wrote checkpoints to)")
+        raise ConfigError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
+                          "(the folder an earlier run wrote checkpoints to)", "resume", "checkpoint_dir")
     _check_elastic(c)
     c.straggler_delays()     # validates the spec
     c.data_fractions()
     _check_capabilities(c)
+
+
+def _check_schedule(c) -> None:
+    """lr_schedule, and the keys of its step schedule (their defaults: derived.py)."""
+    if c.lr_schedule is not LrSchedule.STEP:
+        for name in ("lr_step_epochs", "lr_step_gamma"):
+            if getattr(c, name) is not None:
+                raise ConfigError(f"{name} applies to lr_schedule: step (got lr_schedule={c.lr_schedule.value!r}); "
+                                  f"add --lr-schedule step or drop {name}", name, "lr_schedule")
+        return
+    if c.lr_step_epochs is not None and not c.lr_step_epochs > 0:
+        _bad("lr_step_epochs", c.lr_step_epochs, "must be > 0 (epochs between two decays)", example="30")
+    if c.lr_step_gamma is not None and not 0 < c.lr_step_gamma <= 1:
+        _bad("lr_step_gamma", c.lr_step_gamma, "must be in (0, 1] (the factor of each decay)", example="0.1")
 
 
 def _check_elastic(c) -> None:
@@ -103,46 +122,52 @@ def _check_elastic(c) -> None:
         if getattr(c, name) is not None and getattr(c, name) < 1:
             _bad(name, getattr(c, name), "must be a positive integer", example="2")
     if (c.elastic_min_np and c.elastic_max_np) and c.elastic_max_np < c.elastic_min_np:
-        raise ToolkitError(f"elastic_max_np={c.elastic_max_np} is below elastic_min_np={c.elastic_min_np}; "
-                           "raise max_np or lower min_np")
+        raise ConfigError(f"elastic_max_np={c.elastic_max_np} is below elastic_min_np={c.elastic_min_np}; "
+                          "raise max_np or lower min_np", "elastic_max_np", "elastic_min_np")
     if c.backend is not Backend.HOROVOD:
-        raise ToolkitError("elastic training is Horovod elastic; with backend=native drop the elastic keys")
+        raise ConfigError("elastic training is Horovod elastic; with backend=native drop the elastic keys",
+                          "backend", *ELASTIC)
     if c.toolkit_exchange:
-        raise ToolkitError(f"elastic training runs Horovod's distributed optimizer; compression="
-                           f"{c.compression.value!r} / sync={c.sync.value!r} are the toolkit's exchange, "
-                           "which keeps per-rank state: use compression none or fp16 and sync every_step")
+        raise ConfigError(f"elastic training runs Horovod's distributed optimizer; compression="
+                          f"{c.compression.value!r} / sync={c.sync.value!r} are the toolkit's exchange, "
+                          "which keeps per-rank state: use compression none or fp16 and sync every_step",
+                          "compression", "sync", *ELASTIC)
 
 
 def _check_dgc_powersgd(c) -> None:
     if c.powersgd_rank is not None:
         if c.compression is not Compression.POWERSGD:
-            raise ToolkitError(f"powersgd_rank applies to compression: powersgd (got compression="
-                               f"{c.compression.value!r}); add --compression powersgd or drop powersgd_rank")
+            raise ConfigError(f"powersgd_rank applies to compression: powersgd (got compression="
+                              f"{c.compression.value!r}); add --compression powersgd or drop powersgd_rank",
+                              "powersgd_rank", "compression")
         if c.powersgd_rank < 1:
             _bad("powersgd_rank", c.powersgd_rank, "must be a positive integer", example="2")
     if not c.dgc_masking and not c.dgc:
-        raise ToolkitError("dgc_masking applies with dgc: true; add --dgc or drop dgc_masking")
+        raise ConfigError("dgc_masking applies with dgc: true; add --dgc or drop dgc_masking", "dgc_masking", "dgc")
     if c.powersgd_warmup_steps and c.compression is not Compression.POWERSGD:
-        raise ToolkitError("powersgd_warmup_steps applies to compression: powersgd; add --compression powersgd "
-                           "or drop powersgd_warmup_steps")
+        raise ConfigError("powersgd_warmup_steps applies to compression: powersgd; add --compression powersgd "
+                          "or drop powersgd_warmup_steps", "powersgd_warmup_steps", "compression")
     if c.powersgd_warmup_steps < 0:
         _bad("powersgd_warmup_steps", c.powersgd_warmup_steps, "must be >= 0", example="1000")
     if c.dgc_warmup_epochs is not None and not c.dgc:
-        raise ToolkitError("dgc_warmup_epochs applies with dgc: true; add --dgc or drop dgc_warmup_epochs")
+        raise ConfigError("dgc_warmup_epochs applies with dgc: true; add --dgc or drop dgc_warmup_epochs",
+                          "dgc_warmup_epochs", "dgc")
     if c.dgc_warmup_epochs is not None and c.dgc_warmup_epochs < 0:
         _bad("dgc_warmup_epochs", c.dgc_warmup_epochs, "must be >= 0", example="4")
     if not c.dgc:
         return
     if c.compression is not Compression.TOPK:
-        raise ToolkitError(f"dgc applies to compression: topk (got compression={c.compression.value!r}); "
-                           "add --compression topk or drop dgc")
+        raise ConfigError(f"dgc applies to compression: topk (got compression={c.compression.value!r}); "
+                          "add --compression topk or drop dgc", "dgc", "compression")
     if c.optimizer is not Optimizer.SGD:
-        raise ToolkitError(f"dgc corrects SGD's momentum (got optimizer={c.optimizer.value!r}); "
-                           "use optimizer: sgd or drop dgc")
+        raise ConfigError(f"dgc corrects SGD's momentum (got optimizer={c.optimizer.value!r}); "
+                          "use optimizer: sgd or drop dgc", "dgc", "optimizer")
     if c.error_feedback is False:
-        raise ToolkitError("dgc accumulates what was not sent (its error feedback); drop error_feedback: false")
+        raise ConfigError("dgc accumulates what was not sent (its error feedback); drop error_feedback: false",
+                          "dgc", "error_feedback")
     if c.sync is not Sync.EVERY_STEP:
-        raise ToolkitError(f"dgc runs with sync: every_step (got sync={c.sync.value!r}); drop dgc or the sync")
+        raise ConfigError(f"dgc runs with sync: every_step (got sync={c.sync.value!r}); drop dgc or the sync",
+                          "dgc", "sync")
 
 
 def _check_communication(c) -> None:
@@ -150,35 +175,39 @@ def _check_communication(c) -> None:
     toolkit_compression = c.compression in TOOLKIT_COMPRESSIONS
     if c.topk_ratio is not None:
         if c.compression is not Compression.TOPK:
-            raise ToolkitError(f"topk_ratio applies to compression: topk (got compression="
-                               f"{c.compression.value!r}); add --compression topk or drop topk_ratio")
+            raise ConfigError(f"topk_ratio applies to compression: topk (got compression="
+                              f"{c.compression.value!r}); add --compression topk or drop topk_ratio",
+                              "topk_ratio", "compression")
         if not 0 < c.topk_ratio <= 1:
             _bad("topk_ratio", c.topk_ratio, "must be in (0, 1] (the fraction of values sent)",
                  example="0.01")
     if c.error_feedback and not toolkit_compression:
-        raise ToolkitError(f"error_feedback applies to compression bf16, int8, topk or powersgd (got compression="
-                           f"{c.compression.value!r}, which loses nothing to feed back); drop it")
+        raise ConfigError(f"error_feedback applies to compression bf16, int8, topk or powersgd (got compression="
+                          f"{c.compression.value!r}, which loses nothing to feed back); drop it",
+                          "error_feedback", "compression")
     _check_dgc_powersgd(c)
     if c.sync is Sync.LOCAL_SGD:
         if c.local_steps is not None and c.local_steps < 1:
             _bad("local_steps", c.local_steps, "must be a positive integer (steps between averages)",
                  example="4")
         if c.compression is Compression.FP16:
-            raise ToolkitError("compression=fp16 is Horovod's allreduce option and local_sgd does not "
-                               "use it; with sync: local_sgd use compression bf16, int8, topk or none")
+            raise ConfigError("compression=fp16 is Horovod's allreduce option and local_sgd does not "
+                              "use it; with sync: local_sgd use compression bf16, int8, topk or none",
+                              "compression", "sync")
         if c.op is not Op.AVERAGE:
-            raise ToolkitError(f"op={c.op.value!r} with sync: local_sgd: local SGD averages the "
-                               "models; use op: average")
+            raise ConfigError(f"op={c.op.value!r} with sync: local_sgd: local SGD averages the "
+                              "models; use op: average", "op", "sync")
     else:
         for name in ("local_steps", "sync_warmup_steps"):
             if getattr(c, name):
-                raise ToolkitError(f"{name} applies to sync: local_sgd; add --sync local_sgd or drop {name}")
+                raise ConfigError(f"{name} applies to sync: local_sgd; add --sync local_sgd or drop {name}",
+                                  name, "sync")
     _check_parameter_server(c)
     if c.sync_warmup_steps < 0:
         _bad("sync_warmup_steps", c.sync_warmup_steps, "must be >= 0", example="0")
     if c.op is Op.ADASUM and toolkit_compression:
-        raise ToolkitError(f"op=adasum is Horovod's allreduce and compression={c.compression.value!r} "
-                           "is the toolkit's exchange; use op: average (or compression none/fp16)")
+        raise ConfigError(f"op=adasum is Horovod's allreduce and compression={c.compression.value!r} "
+                          "is the toolkit's exchange; use op: average (or compression none/fp16)", "op", "compression")
 
 
 def _check_clipping(c, impl) -> None:
@@ -186,40 +215,43 @@ def _check_clipping(c, impl) -> None:
     where = f"framework={c.framework!r} with backend={c.backend.value!r}" + \
         (f" keras={c.keras.value!r}" if c.keras is not Keras.KERAS3 else "")
     if impl.clip:
-        raise ToolkitError(f"clip_grad_norm is not available for {where} ({impl.clip}); use backend: horovod "
-                           "with keras: keras3, or drop clip_grad_norm")
+        raise ConfigError(f"clip_grad_norm is not available for {where} ({impl.clip}); use backend: horovod "
+                          "with keras: keras3, or drop clip_grad_norm",
+                          "clip_grad_norm", "framework", "backend", "keras")
     if c.op is Op.ADASUM:
-        raise ToolkitError("clip_grad_norm with op=adasum: Adasum combines the ranks' updates, there is no "
-                           "reduced gradient to clip; use op: average, or drop clip_grad_norm")
+        raise ConfigError("clip_grad_norm with op=adasum: Adasum combines the ranks' updates, there is no "
+                          "reduced gradient to clip; use op: average, or drop clip_grad_norm", "clip_grad_norm", "op")
     if c.sync in PS_SYNCS:
-        raise ToolkitError(f"clip_grad_norm with sync={c.sync.value}: the server applies each worker's "
-                           "gradient as it comes, there is no reduced gradient to clip; use sync every_step "
-                           "or local_sgd, or drop clip_grad_norm")
+        raise ConfigError(f"clip_grad_norm with sync={c.sync.value}: the server applies each worker's "
+                          "gradient as it comes, there is no reduced gradient to clip; use sync every_step "
+                          "or local_sgd, or drop clip_grad_norm", "clip_grad_norm", "sync")
 
 
 def _check_parameter_server(c) -> None:
     if c.sync not in PS_SYNCS:
         for name in ("staleness", "ps_servers"):
             if getattr(c, name) is not None:
-                raise ToolkitError(f"{name} applies to sync: ssp or async_ps (a parameter server); add "
-                                   f"--sync ssp or drop {name}")
+                raise ConfigError(f"{name} applies to sync: ssp or async_ps (a parameter server); add "
+                                  f"--sync ssp or drop {name}", name, "sync")
         if c.staleness_lr_damping:
-            raise ToolkitError("staleness_lr_damping applies to sync: ssp or async_ps; drop it")
+            raise ConfigError("staleness_lr_damping applies to sync: ssp or async_ps; drop it",
+                              "staleness_lr_damping", "sync")
         return
     if c.staleness is not None:
         if c.sync is Sync.ASYNC_PS:
-            raise ToolkitError("staleness bounds sync: ssp; async_ps has no bound: use --sync ssp or drop staleness")
+            raise ConfigError("staleness bounds sync: ssp; async_ps has no bound: use --sync ssp or drop staleness",
+                              "staleness", "sync")
         if c.staleness < 0:
             _bad("staleness", c.staleness, "must be >= 0 (0 = every worker in step)", example="4")
     if c.ps_servers is not None and c.ps_servers < 1:
         _bad("ps_servers", c.ps_servers, f"must be at least 1: sync={c.sync.value} needs a server rank "
              "to hold the parameters", example="1")
     if c.compression is not Compression.NONE:
-        raise ToolkitError(f"compression={c.compression.value!r} with sync={c.sync.value}: the parameter "
-                           "server exchanges full float32 values; use compression: none")
+        raise ConfigError(f"compression={c.compression.value!r} with sync={c.sync.value}: the parameter "
+                          "server exchanges full float32 values; use compression: none", "compression", "sync")
     if c.op is not Op.AVERAGE:
-        raise ToolkitError(f"op={c.op.value!r} with sync={c.sync.value}: the server applies each "
-                           "worker's gradient as it comes; use op: average")
+        raise ConfigError(f"op={c.op.value!r} with sync={c.sync.value}: the server applies each "
+                          "worker's gradient as it comes; use op: average", "op", "sync")
 
 
 def _check_capabilities(c) -> None:
@@ -227,84 +259,94 @@ def _check_capabilities(c) -> None:
     spec = registry.spec(c.framework)
     backend = c.backend.value
     if backend not in spec.backends:
-        raise ToolkitError(f"backend={backend!r} is not available for framework={c.framework!r}; "
-                           f"use one of: {', '.join(spec.backends)}")
+        raise ConfigError(f"backend={backend!r} is not available for framework={c.framework!r}; "
+                          f"use one of: {', '.join(spec.backends)}", "backend", "framework")
     impl = spec.implementation(backend, c.keras.value)
     for name, allowed in (("op", impl.ops), ("compression", impl.compressions), ("sync", impl.syncs)):
         value = getattr(c, name).value
         if value not in allowed:
             keras = f" keras={c.keras.value!r}" if c.keras is not Keras.KERAS3 else ""
-            raise ToolkitError(f"{name}={value!r} is not available for framework={c.framework!r} with "
-                               f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}")
+            raise ConfigError(f"{name}={value!r} is not available for framework={c.framework!r} with "
+                              f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}",
+                              name, "framework", "backend", "keras")
     if c.uneven_data and c.sync not in PS_SYNCS and not impl.join:
-        raise ToolkitError(f"uneven_data is not available for framework={c.framework!r} with backend={backend!r}"
-                           f"{' keras=' + repr(c.keras.value) if c.keras is not Keras.KERAS3 else ''} "
-                           "(hvd.join is used for torch only); use framework torch, or sync ssp")
+        raise ConfigError(f"uneven_data is not available for framework={c.framework!r} with backend={backend!r}"
+                          f"{' keras=' + repr(c.keras.value) if c.keras is not Keras.KERAS3 else ''} "
+                          "(hvd.join is used for torch only); use framework torch, or sync ssp",
+                          "uneven_data", "framework", "backend", "keras", "sync")
     if c.model in impl.models_refused:
-        raise ToolkitError(f"model={c.model!r} is not available for framework={c.framework!r} with "
-                           f"backend={backend!r} ({impl.models_refused[c.model]}); use another framework "
-                           "or your own model (model: pkg.module:build)")
+        raise ConfigError(f"model={c.model!r} is not available for framework={c.framework!r} with "
+                          f"backend={backend!r} ({impl.models_refused[c.model]}); use another framework "
+                          "or your own model (model: pkg.module:build)", "model", "framework", "backend")
     if c.clip_grad_norm is not None:
         _check_clipping(c, impl)
     if c.sync_batchnorm and impl.sync_batchnorm:
-        raise ToolkitError(f"sync_batchnorm is not available for framework={c.framework!r} with "
-                           f"backend={backend!r} ({impl.sync_batchnorm}); drop sync_batchnorm")
+        raise ConfigError(f"sync_batchnorm is not available for framework={c.framework!r} with "
+                          f"backend={backend!r} ({impl.sync_batchnorm}); drop sync_batchnorm",
+                          "sync_batchnorm", "framework", "backend")
     if c.precision.value not in impl.precisions:
-        raise ToolkitError(f"precision={c.precision.value!r} is not available for framework={c.framework!r} "
-                           f"with backend={backend!r} ({impl.why_not_precision}); use precision: "
-                           f"{' or '.join(impl.precisions)}")
+        raise ConfigError(f"precision={c.precision.value!r} is not available for framework={c.framework!r} "
+                          f"with backend={backend!r} ({impl.why_not_precision}); use precision: "
+                          f"{' or '.join(impl.precisions)}", "precision", "framework", "backend", "keras")
     if c.precision is Precision.FP16 and (c.toolkit_exchange or c.sync in PS_SYNCS or c.op is Op.ADASUM):
-        raise ToolkitError(f"precision=fp16 scales the loss and unscales the reduced gradient around Horovod's "
-                           f"allreduce; with compression={c.compression.value!r}, sync={c.sync.value!r}, "
-                           f"op={c.op.value!r} there is none: use precision bf16, or compression none/fp16, "
-                           "sync every_step and op average/sum")
+        raise ConfigError(f"precision=fp16 scales the loss and unscales the reduced gradient around Horovod's "
+                          f"allreduce; with compression={c.compression.value!r}, sync={c.sync.value!r}, "
+                          f"op={c.op.value!r} there is none: use precision bf16, or compression none/fp16, "
+                          "sync every_step and op average/sum", "precision", "compression", "sync", "op")
     if c.elastic and not impl.elastic:
-        raise ToolkitError(f"elastic training is not available for framework={c.framework!r} with "
-                           f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys")
+        raise ConfigError(f"elastic training is not available for framework={c.framework!r} with "
+                          f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys",
+                          *ELASTIC, "framework", "backend", "keras")
     if c.keras is not Keras.KERAS3 and c.framework != "tensorflow":
-        raise ToolkitError(f"keras={c.keras.value!r} applies to framework: tensorflow only; drop it")
+        raise ConfigError(f"keras={c.keras.value!r} applies to framework: tensorflow only; drop it",
+                          "keras", "framework")
     if c.keras is Keras.TF_KERAS and c.backend is Backend.NATIVE:
-        raise ToolkitError("keras='tf_keras' runs on backend: horovod (horovod.tensorflow.keras); "
-                           "the native strategies run Keras 3 here: drop keras or use --backend horovod")
+        raise ConfigError("keras='tf_keras' runs on backend: horovod (horovod.tensorflow.keras); "
+                          "the native strategies run Keras 3 here: drop keras or use --backend horovod",
+                          "keras", "backend")
     if c.strategy is not None and c.backend is not Backend.NATIVE:
-        raise ToolkitError(f"strategy={c.strategy.value!r} needs backend: native (with backend horovod, "
-                           "Horovod does the communication); add --backend native or drop strategy")
+        raise ConfigError(f"strategy={c.strategy.value!r} needs backend: native (with backend horovod, "
+                          "Horovod does the communication); add --backend native or drop strategy",
+                          "strategy", "backend")
     if c.num_devices is not None:
         if c.num_devices < 1:
             _bad("num_devices", c.num_devices, "must be a positive integer", example="2")
         if c.backend is not Backend.NATIVE or c.strategy is Strategy.MULTI_WORKER_MIRRORED:
-            raise ToolkitError("num_devices applies to strategy: mirrored (one process, several devices); "
-                               "elsewhere each rank has one device: set the number of ranks with -np")
+            raise ConfigError("num_devices applies to strategy: mirrored (one process, several devices); "
+                              "elsewhere each rank has one device: set the number of ranks with -np",
+                              "num_devices", "backend", "strategy")
 
 
 def _check_workload(c) -> None:
     """The built-in models' own keys, and which data each one reads."""
     disk = on_disk(c.dataset)
     if disk and not disk[1]:
-        raise ToolkitError(f"dataset={c.dataset!r}: no path after the colon; e.g. --dataset {disk[0]}:data/"
-                           f"{'corpus.txt' if disk[0] == 'text' else 'images'}")
+        raise ConfigError(f"dataset={c.dataset!r}: no path after the colon; e.g. --dataset {disk[0]}:data/"
+                          f"{'corpus.txt' if disk[0] == 'text' else 'images'}", "dataset")
     if c.context < 2:
         _bad("context", c.context, "must be at least 2 (tokens per sample)", example="64")
     if c.image_size is not None and c.image_size < 32:
         _bad("image_size", c.image_size, "must be at least 32 (the ResNets downsample by 32)", example="32")
     if c.image_size is not None and disk and disk[0] == "cifar10":
-        raise ToolkitError("image_size does not apply to cifar10 (its images are 32x32); drop image_size")
+        raise ConfigError("image_size does not apply to cifar10 (its images are 32x32); drop image_size",
+                          "image_size", "dataset")
     if c.model == Model.TRANSFORMER_LM.value and c.hidden_size % c.heads:
-        raise ToolkitError(f"hidden_size={c.hidden_size} is not a multiple of heads={c.heads} "
-                           "(transformer_lm splits the width across the heads); e.g. --hidden-size 64 --heads 4")
+        raise ConfigError(f"hidden_size={c.hidden_size} is not a multiple of heads={c.heads} "
+                          "(transformer_lm splits the width across the heads); e.g. --hidden-size 64 --heads 4",
+                          "hidden_size", "heads")
     text = bool(disk and disk[0] == "text")
     if c.model == Model.TRANSFORMER_LM.value and not (text or c.dataset == Dataset.SYNTHETIC.value
                                                          or is_reference(c.dataset)):
-        raise ToolkitError(f"model=transformer_lm reads tokens: use dataset text:PATH (a plain text file) or "
-                           f"synthetic, not {c.dataset!r}")
+        raise ConfigError(f"model=transformer_lm reads tokens: use dataset text:PATH (a plain text file) or "
+                          f"synthetic, not {c.dataset!r}", "model", "dataset")
     if text and c.model != Model.TRANSFORMER_LM.value and not is_reference(c.model):
-        raise ToolkitError(f"dataset={c.dataset!r} gives token sequences: use model transformer_lm (or your "
-                           f"own), not {c.model!r}")
+        raise ConfigError(f"dataset={c.dataset!r} gives token sequences: use model transformer_lm (or your "
+                          f"own), not {c.model!r}", "dataset", "model")
     images = bool(disk and disk[0] != "text")
     if c.model in IMAGE_MODELS and not (images or c.dataset == Dataset.SYNTHETIC.value
                                            or is_reference(c.dataset)):
-        raise ToolkitError(f"model={c.model} reads images: use dataset imagefolder:PATH, cifar10:PATH or "
-                           f"synthetic, not {c.dataset!r}")
+        raise ConfigError(f"model={c.model} reads images: use dataset imagefolder:PATH, cifar10:PATH or "
+                          f"synthetic, not {c.dataset!r}", "model", "dataset")
     if images and c.model in (Model.MLP.value, Model.LINEAR.value):
-        raise ToolkitError(f"dataset={c.dataset!r} gives images: use model resnet18 or resnet50 (or your "
-                           f"own), not {c.model!r}")
+        raise ConfigError(f"dataset={c.dataset!r} gives images: use model resnet18 or resnet50 (or your "
+                          f"own), not {c.model!r}", "dataset", "model")

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from toolkit.errors import ToolkitError
 
 from . import derived, rules
-from .values import _coerce, flatten_groups
+from .values import ConfigError, _coerce, flatten_groups, origins_named
 from .enums import PS_SYNCS, TOOLKIT_COMPRESSIONS, Sync
 from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, _plain
 
@@ -55,20 +55,23 @@ class Config(metaclass=_Complete):
 
     def data_fractions(self) -> dict[int, float]:
         """{rank: fraction of its batches it trains on} from `uneven_data`."""
-        fractions = rules._rank_values(self.uneven_data, lambda v: 0 <= v <= 1, f"uneven_data={self.uneven_data!r}: "
+        fractions = rules._rank_values("uneven_data", self.uneven_data, lambda v: 0 <= v <= 1,
+                                       f"uneven_data={self.uneven_data!r}: "
                                        "expected RANK:FRACTION[,RANK:FRACTION] with RANK >= 0 and FRACTION in [0, 1], "
                                        "e.g. --uneven-data 1:0.5")
         if fractions and self.sync not in PS_SYNCS:
             if self.toolkit_exchange or self.elastic:
-                raise ToolkitError("uneven_data under sync every_step needs Horovod's join in its distributed "
-                                   "optimizer: drop compression bf16/int8/topk/powersgd, local_sgd and elastic, "
-                                   "or use sync ssp")
+                raise ConfigError("uneven_data under sync every_step needs Horovod's join in its distributed "
+                                  "optimizer: drop compression bf16/int8/topk/powersgd, local_sgd and elastic, "
+                                  "or use sync ssp", "uneven_data", "compression", "sync",
+                                  *(f"elastic_{k}" for k in ELASTIC_KEYS))
         return fractions
 
     def straggler_delays(self) -> dict[int, float]:
         """{rank: seconds to sleep before each step} from `straggler`."""
-        ms = rules._rank_values(self.straggler, lambda v: v >= 0, f"straggler={self.straggler!r}: expected "
-                                "RANK:MS[,RANK:MS] with RANK >= 0 and MS >= 0 milliseconds, e.g. --straggler 1:50")
+        ms = rules._rank_values("straggler", self.straggler, lambda v: v >= 0,
+                                f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] with RANK >= 0 and MS >= 0 "
+                                "milliseconds, e.g. --straggler 1:50")
         return {rank: value / 1000 for rank, value in ms.items()}
 
     @property
@@ -120,4 +123,5 @@ class Config(metaclass=_Complete):
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
         values = flatten_groups(values, source)
-        return cls(**{k: _coerce(kinds[k], v, source) for k, v in values.items()})
+        with origins_named(dict.fromkeys(values, source)):
+            return cls(**{k: _coerce(kinds[k], v) for k, v in values.items()})

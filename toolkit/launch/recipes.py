@@ -58,7 +58,7 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
         lines.append(f"export HOROVOD_GLOO_IFACE={shlex.quote(spec.network_interface)}"
                      f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
     srun = "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none " + " ".join(shlex.quote(a) for a in spec.command)
-    folder = _checkpoint_dir(spec.command)
+    folder = _checkpoint_dir(spec)
     if folder is None:
         lines.append(srun)
         return "\n".join(lines) + "\n"
@@ -76,15 +76,26 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
 GRACE_SECONDS = 120     # SIGTERM this long before the end: enough for a step and a checkpoint
 
 
-def _checkpoint_dir(command) -> Optional[str]:
-    """The --checkpoint-dir the command passes (a preempted job can only resume with one)."""
-    command = list(command)
+def _checkpoint_dir(spec: LaunchSpec) -> Optional[str]:
+    """The ranks' checkpoint_dir (a preempted job can only resume with one), by their own precedence as far as
+    the recipe shows it: the command's --checkpoint-dir, else a TOOLKIT_CHECKPOINT_DIR given with --env (the
+    script exports it), else the `checkpoint_dir` of the YAML file the command passes with --config (the
+    README's `--config examples/cfg.yaml`)."""
+    from toolkit.config import command_keys
+
+    command, found = list(spec.command), None
     for i, arg in enumerate(command):
         if arg == "--checkpoint-dir" and i + 1 < len(command):
-            return command[i + 1]
-        if arg.startswith("--checkpoint-dir="):
-            return arg.split("=", 1)[1]
-    return None
+            found = command[i + 1]
+        elif arg.startswith("--checkpoint-dir="):
+            found = arg.split("=", 1)[1]
+    if found is not None:
+        return found
+    env = dict(item.split("=", 1) for item in spec.env)
+    if env.get("TOOLKIT_CHECKPOINT_DIR"):
+        return env["TOOLKIT_CHECKPOINT_DIR"]
+    folder = command_keys(command).get("checkpoint_dir")
+    return str(folder) if folder else None
 
 
 def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = None, gpus: bool = False,
