@@ -27,8 +27,9 @@ config resolves.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from toolkit import messages
 from toolkit.exchange import numerics
@@ -36,20 +37,41 @@ from toolkit.run import checkpoint, preemption, schedule
 from toolkit.adapters.framework import TensorWork
 from toolkit.adapters.loader import Loader
 from toolkit.adapters.topology import Topology, digest
-from toolkit.run.data import Sampler
+from toolkit.run.data import Sampler, leading_size
 from toolkit.errors import ToolkitError
 
-__all__ = ["Loader", "Session", "Topology", "digest"]
+__all__ = ["Loader", "Part", "Session", "Topology", "digest"]
+
+
+@dataclass
+class Part:
+    """One model a session trains, with its optimizer, loss and the object that moves its gradients.
+    A session has one per setup() call (several where the framework allows: a GAN's generator and
+    discriminator); the verbs act on the part being set up or stepped, else on the first."""
+    model: Any = None
+    optimizer: Any = None
+    loss_fn: Any = None
+    communication: Any = None       # toolkit.exchange.communication.Communication, made by setup()
+
+
+def _on_part(name: str):
+    """A session attribute that is the active part's."""
+    return property(lambda self: getattr(self._part, name), lambda self, value: setattr(self._part, name, value))
 
 
 class Session(TensorWork):
     name: str                       # the framework
+    model = _on_part("model")
+    optimizer = _on_part("optimizer")
+    loss_fn = _on_part("loss_fn")
+    communication = _on_part("communication")
 
     def __init__(self, config, strategy):
         self.config = config
         self.strategy = strategy    # adapters/strategy.py: how gradients and state move
         self.precision = None       # adapters/<framework>/precision.py, made by start()
-        self.model = self.optimizer = self.loss_fn = None
+        self.parts: list[Part] = []     # one per setup() call
+        self._part = Part()             # the one the verbs act on (the first, outside setup and step)
         self.topology: Topology | None = None
         self.loaders: list[Loader] = []
         self.micro = 0              # micro-batches since the last optimizer step (accumulation)
@@ -59,7 +81,6 @@ class Session(TensorWork):
         self._unchecked = None      # nan_guard: the last step's (step, value, what), checked one step late
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
-        self.communication = None    # toolkit.exchange.communication.Communication, made by setup()
         self.local_digests: list[str] = []
         self._metrics = None
 
@@ -131,34 +152,79 @@ class Session(TensorWork):
         distributed optimizer with compression, accumulation and op, or the toolkit's exchange);
         then rank 0's parameters, buffers and optimizer state on every rank. `optimizer=None`
         makes the config's (sgd/adam, lr, momentum, weight_decay); `loss=None` is cross-entropy on
-        logits. Returns (model, optimizer): use these from now on."""
-        if self.model is not None:
-            raise ToolkitError("session.setup() was called twice; one session trains one model "
-                               "(start another process for another)")
-        self.model = self._place(model)
-        self.optimizer = optimizer if optimizer is not None else self._make_optimizer(self.model)
-        self.loss_fn = loss if loss is not None else self._cross_entropy
-        self.local_digests = [digest(p) for p in self.replica_parameters()]
-        self.strategy.wrap(self)
-        self.communication = self.strategy.communication(self)
+        logits. Returns (model, optimizer): use these from now on. Call it once per model where the
+        framework takes several (torch: a GAN's generator and discriminator, each with its own
+        optimizer; `step(optimizer)` then says which one steps)."""
+        if self.parts:
+            self._refuse_another_model()
+        part = Part()
+        self.parts.append(part)
+        with self._using(part):
+            self.model = self._place(model)
+            self.optimizer = optimizer if optimizer is not None else self._make_optimizer(self.model)
+            self.loss_fn = loss if loss is not None else self._cross_entropy
+            if len(self.parts) == 1:
+                self.local_digests = [digest(p) for p in self.replica_parameters()]
+            self.strategy.wrap(self)
+            self.communication = self.strategy.communication(self)
+        if len(self.parts) == 1:
+            self._part = part
         if not self.config.elastic:     # elastic: the State's sync broadcasts, inside hvd.elastic.run
             self.broadcast()
         # From here on the same random stream on every rank: the model is equal now, and what is
         # drawn later must agree across ranks (TensorFlow's tf.data shuffle mixes in the global seed).
         self._seed(self.config.seed)
-        return self.model, self.optimizer
+        return part.model, part.optimizer
+
+    several_models = False      # whether setup() takes a second model (the framework's session says)
+
+    def _refuse_another_model(self) -> None:
+        c = self.config
+        if not self.several_models:
+            raise ToolkitError(f"session.setup() was called twice: several models in one session are supported on "
+                               f"torch; on {self.name} one session trains one model (combine them in one model)")
+        if c.toolkit_exchange or c.elastic:
+            what = "elastic: true" if c.elastic else f"compression={c.compression.value}, sync={c.sync.value}"
+            raise ToolkitError(f"session.setup() of a second model with {what}: several models train on Horovod's "
+                               "own reduce only (compression none/fp16, sync every_step, elastic false)")
+
+    @contextlib.contextmanager
+    def _using(self, part: Part):
+        """The verbs act on `part` inside this block."""
+        previous, self._part = self._part, part
+        try:
+            yield part
+        finally:
+            self._part = previous
+
+    def _part_of(self, optimizer) -> Part:
+        """The part whose optimizer is `optimizer` (what setup() returned); None: the only one."""
+        if optimizer is None:
+            if len(self.parts) > 1:
+                raise ToolkitError(f"session.step(): this session has {len(self.parts)} optimizers; name the one "
+                                   "to step: session.step(optimizer)")
+            return self._part
+        for part in self.parts:
+            if part.optimizer is optimizer:
+                return part
+        raise ToolkitError("session.step(optimizer): not an optimizer session.setup() returned; step the one "
+                           "setup() gave back")
 
     def loader(self, data, batch_size: int | None = None, shuffle: bool = True, train: bool = True,
-               shard: bool = True) -> Loader:
-        """This rank's share of `data` (numpy `(x, y)` arrays or the framework's dataset), in
-        micro-batches of `batch_size` (default: the config's) on this rank's device. `train=False`:
-        in order, every sample once across the ranks, nothing dropped (evaluation). `shard=False`:
-        every sample on this rank (one rank's own evaluation, with `evaluate(collective=False)`)."""
+               shard: bool = True, **reader) -> Loader:
+        """This rank's share of `data`, in micro-batches of `batch_size` (default: the config's) on this
+        rank's device. `data`: numpy arrays (a tuple of any arity, `(x, y)` the usual, or a dict of
+        them, all of one length) or the framework's dataset, whose samples may be tuples or dicts (a
+        micro-batch is what the framework's own reader yields). `reader`: options for that reader
+        (torch's DataLoader: `collate_fn`, ...; Gluon's: `batchify_fn`). `train=False`: in order,
+        every sample once across the ranks, nothing dropped (evaluation). `shard=False`: every
+        sample on this rank (one rank's own evaluation, with `evaluate(collective=False)`)."""
         world, mine = (self.world_size, self._my_replicas()) if shard else (1, range(1))
         sampler = Sampler(self._length(data), batch_size or self.config.batch_size,
                           self.config.accumulation_steps if train else 1, world, mine,
                           self.config.seed, train=train, shuffle=shuffle)
-        loader = Loader(self, data, sampler, self._batches)
+        batches = (lambda d, plan, s: self._batches(d, plan, s, **reader)) if reader else self._batches
+        loader = Loader(self, data, sampler, batches)
         if train:
             self.loaders.append(loader)
         return loader
@@ -167,15 +233,23 @@ class Session(TensorWork):
         return range(self.rank * self.replicas, (self.rank + 1) * self.replicas)
 
     # -- the step -------------------------------------------------------------------------------------
-    def step(self) -> bool:
+    def step(self, optimizer=None) -> bool:
         """After each micro-batch's backward(): every `accumulation_steps`-th call reduces the
         gradients (Horovod's allreduce, or the toolkit's compression / local SGD) and applies them.
-        Returns whether this call stepped."""
+        Returns whether this call stepped. With several models, `optimizer` (one setup() returned)
+        says which steps; the gradients this backward gave the other models are dropped (as each
+        model's own zero_grad() before its step drops them in a plain loop)."""
+        part = self._part_of(optimizer)
         if self.micro == 0:
             raise ToolkitError("session.step() without a session.backward(loss) before it")
         if self.micro < self.config.accumulation_steps:
             return False
-        self.communication.finish_step(self.global_step)
+        with self._using(part):
+            self.communication.finish_step(self.global_step)
+        for other in self.parts:
+            if other is not part:
+                with self._using(other):
+                    self.strategy.discard(self)
         self.micro = 0
         self.global_step += 1
         self._guard(None)
@@ -262,25 +336,42 @@ class Session(TensorWork):
         return schedule.lr_at(self.config, self.world_size, step, steps_per_epoch)
 
     # -- measuring --------------------------------------------------------------------------------------
-    def evaluate(self, loader: Loader, collective: bool = True) -> tuple[float, float | None]:
+    def evaluate(self, loader: Loader, collective: bool = True,
+                 metric: Callable | None = None) -> tuple[float, float | None]:
         """(mean loss, accuracy) of the setup model over every rank's share of `loader`'s data (a
-        collective). Accuracy: argmax of 2-D outputs against integer labels, else None.
-        `collective=False`: this rank's own model on what its loader holds, nothing exchanged (a
-        parameter-server worker's view between epochs)."""
+        collective). Batches `(x, y)`: the setup loss, and accuracy as argmax of 2-D outputs against
+        integer labels (else None). Other batches (dicts, more fields): `metric(model, batch)` returns
+        the batch's mean loss, or (mean loss, number correct); it runs as inference (torch: no_grad,
+        the config's autocast). `collective=False`: this rank's own model on what its loader holds,
+        nothing exchanged (a parameter-server worker's view between epochs)."""
         import numpy as np
         if collective:
             self.sync_buffers()
         self._train_mode(False)
         totals = np.zeros(4, np.float64)          # loss sum, correct, count, batches without accuracy
         for batches in loader.steps():
-            for x, y in batches:
-                totals += self._evaluate_batch(x, y)
+            for batch in batches:
+                totals += self._evaluate_one(batch, metric)
         self._train_mode(True)
         loss_sum, correct, count, no_accuracy = (self.allreduce(totals, average=False, name="toolkit.evaluate")
                                                  if collective else totals)
         if not count:
             return float("nan"), None
         return loss_sum / count, (None if no_accuracy else correct / count)
+
+    def _evaluate_one(self, batch, metric):
+        import numpy as np
+        if metric is None:
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                raise ToolkitError(f"session.evaluate(loader): its batches are {_shape_of(batch)}, not (x, y); pass "
+                                   "metric=fn(model, batch) returning the batch's mean loss (or (loss, correct))")
+            return self._evaluate_batch(*batch)
+        with self._inference(), self.autocast():
+            result = metric(self.model, batch)
+        loss, correct = result if isinstance(result, (tuple, list)) else (result, None)
+        n = leading_size(batch)
+        return np.array([self.to_float(loss) * n, 0 if correct is None else self.to_float(correct), n,
+                         correct is None], np.float64)
 
     def sync_buffers(self) -> None:
         """Statistics the model keeps outside its parameters (BatchNorm's running mean and variance)
@@ -289,13 +380,18 @@ class Session(TensorWork):
         the NaN guard's last check first: nothing is measured or saved from a broken step."""
         import numpy as np
         self._check_pending()
-        buffers = self._buffers()
-        if not buffers or self.size == 1:
+        if self.size == 1:
             return
-        from toolkit.exchange.arrays import flatten, unflatten
-        arrays = [np.asarray(b, np.float64) for b in buffers]
-        flat = self.allreduce(flatten(arrays), average=True, name="toolkit.buffers")
-        self._set_buffers(unflatten(flat, arrays))
+        for i, part in enumerate(self.parts or [self._part]):
+            with self._using(part):
+                buffers = self._buffers()
+                if not buffers:
+                    continue
+                from toolkit.exchange.arrays import flatten, unflatten
+                arrays = [np.asarray(b, np.float64) for b in buffers]
+                name = "toolkit.buffers" if i == 0 else f"toolkit.buffers.{i}"
+                flat = self.allreduce(flatten(arrays), average=True, name=name)
+                self._set_buffers(unflatten(flat, arrays))
 
     def should_stop(self) -> bool:
         """Whether any rank was sent SIGTERM (or called toolkit.run.preemption.request()): the same answer
@@ -438,8 +534,10 @@ class Session(TensorWork):
         return self.strategy.allgather(array)
 
     def broadcast(self, root: int = 0) -> None:
-        """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
-        self.strategy.broadcast(self, root)
+        """Every model (parameters and buffers) and optimizer state from rank `root` to every rank."""
+        for part in self.parts:
+            with self._using(part):
+                self.strategy.broadcast(self, root)
 
     def join(self) -> int:
         """Horovod's join: this rank has no more batches; its allreduces count as zeros until
@@ -453,3 +551,11 @@ class Session(TensorWork):
     def on_reset(self) -> None:
         """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
         self.strategy.on_reset(self)
+
+
+def _shape_of(batch) -> str:
+    if isinstance(batch, dict):
+        return f"dicts (keys {', '.join(map(str, batch))})"
+    if isinstance(batch, (tuple, list)):
+        return f"{len(batch)}-tuples"
+    return type(batch).__name__

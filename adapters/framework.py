@@ -12,7 +12,7 @@ import abc
 from pathlib import Path
 
 from toolkit.adapters.topology import Topology
-from toolkit.run.data import is_arrays
+from toolkit.run.data import arrays_length, map_structure
 from toolkit.errors import ToolkitError
 
 
@@ -75,21 +75,26 @@ class TensorWork(abc.ABC):
     dataset_kind = "the framework's dataset"       # said when a loader gets something else
 
     def _length(self, data) -> int:
-        """Samples in `data` (numpy (x, y) or the framework's dataset); a one-line error for anything else."""
-        n = len(data[0]) if is_arrays(data) else self._dataset_length(data)
+        """Samples in `data` (numpy columns or the framework's dataset); a one-line error for anything else."""
+        n = arrays_length(data)
         if n is None:
-            raise ToolkitError(f"session.loader(data): expected numpy arrays (x, y) of equal length or "
-                               f"{self.dataset_kind}, got {type(data).__name__}")
+            n = self._dataset_length(data)
+        if n is None:
+            raise ToolkitError(f"session.loader(data): expected numpy arrays of one length ((x, y), more fields, or "
+                               f"a dict of them) or {self.dataset_kind}, got {type(data).__name__}")
         return n
 
-    def _batches(self, data, plan, sampler):
-        """An iterator of the batches (x, y) on this rank's device made of `data`'s samples at each
-        index array of `plan`, in order: numpy arrays indexed here, the framework's dataset read by
-        its own reader (a stream such as tf.data follows `sampler`'s epoch, position and shard)."""
-        if not is_arrays(data):
-            return self._dataset_batches(data, plan, sampler)
-        x, y = data
-        return ((self._tensor(x[idx]), self._tensor(y[idx])) for idx in plan)
+    def _batches(self, data, plan, sampler, **reader):
+        """An iterator of the batches on this rank's device made of `data`'s samples at each index
+        array of `plan`, in order, their structure kept (a tuple of any arity, a dict): numpy columns
+        indexed here, the framework's dataset read by its own reader with the `reader` options (a
+        stream such as tf.data follows `sampler`'s epoch, position and shard)."""
+        if arrays_length(data) is None:
+            return self._dataset_batches(data, plan, sampler, **reader)
+        if reader:
+            raise ToolkitError(f"session.loader(numpy arrays, {', '.join(reader)}=...): reader options are for "
+                               f"{self.dataset_kind}; numpy arrays are indexed directly")
+        return (map_structure(lambda a: self._tensor(a[idx]), data) for idx in plan)
 
     @abc.abstractmethod
     def _dataset_length(self, data) -> int | None:
@@ -121,6 +126,11 @@ class TensorWork(abc.ABC):
 
     @abc.abstractmethod
     def _load_objects(self, folder: Path) -> None: ...
+
+    def _inference(self):
+        """The context a user's evaluation metric runs in (torch: no_grad)."""
+        import contextlib
+        return contextlib.nullcontext()
 
     # Communication's primitives (toolkit/exchange/communication.py): the step, split where the toolkit's
     # exchange comes in.

@@ -55,6 +55,11 @@ class Strategy(abc.ABC):
         from toolkit.exchange import communication
         return communication.for_session(self.config, session, exchange=self.exchange)
 
+    def discard(self, session) -> None:
+        """Several models: the active one's gradients from a backward pass meant for another model
+        are dropped when that one steps (reductions already under way finished first). Nothing to
+        drop where the framework keeps no gradients between steps."""
+
     # -- collectives ---------------------------------------------------------------------------------------
     @abc.abstractmethod
     def allreduce(self, array, average: bool = True, name: str | None = None):

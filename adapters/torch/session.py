@@ -2,9 +2,11 @@
 rank's device, the config's optimizer and loss, loaders, the backward pass, gradients and state as
 tensors, evaluation, checkpoints. How gradients and state move between the ranks is the strategy's
 (adapters/torch/strategies/: horovod); the precision (autocast, GradScaler) is adapters/torch/precision.py.
-Loaders: numpy `(x, y)` arrays are indexed directly; a `torch.utils.data.Dataset` is read by
-torch's own DataLoader (workers, pinned memory on a GPU) with the toolkit's sampler as its batch
-sampler.
+Loaders: numpy arrays are indexed directly; a `torch.utils.data.Dataset` is read by torch's own
+DataLoader (workers, pinned memory on a GPU, the user's `collate_fn`) with the toolkit's sampler as
+its batch sampler: samples may be tuples of any arity or dicts (Hugging Face's `input_ids`,
+`attention_mask`, `labels`), as the DataLoader takes them. Several models may share a session (a
+GAN): one checkpoint file holds them all.
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import Optimizer
 from toolkit.errors import ToolkitError
+from toolkit.run.data import map_structure
 
 STATE_FILE = "state.pt"
 
 
 class TorchSession(Session):
     name = "torch"
+    several_models = True
     _array_ops = None
 
     @property
@@ -79,16 +83,22 @@ class TorchSession(Session):
     def _tensor(self, array):
         return self._to_device(torch.from_numpy(array))
 
-    def _dataset_batches(self, data, plan, sampler):
-        gpu = self.torch_device.type == "cuda"
-        reader = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan],
-                                             num_workers=self.config.loader_workers, pin_memory=gpu)
-        for batch in reader:
-            x, y = batch
-            yield self._to_device(x), self._to_device(y)
+    def _dataset_batches(self, data, plan, sampler, **reader):
+        """torch's DataLoader over the plan's batches; `reader`: the user's DataLoader options
+        (collate_fn, num_workers, pin_memory, ...), over the config's defaults."""
+        if "batch_size" in reader or "sampler" in reader or "batch_sampler" in reader or "shuffle" in reader:
+            raise ToolkitError("session.loader(dataset, ...): batch_size, shuffle and the sampler are the "
+                               "session's (batch_size=, shuffle= of session.loader); give the other DataLoader options")
+        options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda", **reader}
+        batches = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
+        for batch in batches:
+            yield map_structure(self._to_device, batch)
 
-    def _to_device(self, tensor):
-        return tensor.to(self.torch_device, non_blocking=True)
+    def _to_device(self, value):
+        return value.to(self.torch_device, non_blocking=True) if torch.is_tensor(value) else value
+
+    def _inference(self):
+        return torch.no_grad()
 
     # -- the step -----------------------------------------------------------------------------------
     def backward(self, loss, tape=None) -> None:
@@ -196,15 +206,23 @@ class TorchSession(Session):
 
     # -- checkpoints, elastic, uneven data ----------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:
-        # + fp16's loss scale, for an exact resume
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        # + fp16's loss scale, for an exact resume; the second and later models under "parts"
+        first, *others = self.parts
+        state = {"model": first.model.state_dict(), "optimizer": first.optimizer.state_dict(),
                  **self.precision.state_dict()}
+        if others:
+            state["parts"] = [{"model": p.model.state_dict(), "optimizer": p.optimizer.state_dict()} for p in others]
         torch.save(state, folder / STATE_FILE)
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = [state, *state.get("parts", [])]
+        if len(saved) != len(self.parts):
+            raise ToolkitError(f"checkpoint {folder} holds {len(saved)} model(s), this session set up "
+                               f"{len(self.parts)}; resume with the models it was saved with")
+        for part, part_state in zip(self.parts, saved):
+            part.model.load_state_dict(part_state["model"])
+            part.optimizer.load_state_dict(part_state["optimizer"])
         self.precision.load_state_dict(state)
 
     def snapshot(self):
@@ -215,4 +233,6 @@ class TorchSession(Session):
         self.optimizer.load_state_dict(snapshot["optimizer"])
 
     def replica_parameters(self) -> list[list]:
-        return [[v.detach().cpu().numpy() for v in self.model.state_dict().values()]]
+        """Every model's state (parameters and buffers), the models in setup order."""
+        models = [p.model for p in self.parts] or [self.model]
+        return [[v.detach().cpu().numpy() for m in models for v in m.state_dict().values()]]

