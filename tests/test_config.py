@@ -232,6 +232,8 @@ def test_a_range_error_names_the_flag_variable_or_yaml_file_and_key_it_came_from
         config.load({"lr": -1})
     with pytest.raises(ToolkitError, match=r"\(lr from start\(\)\)$"):
         config.load(Config(), lr=-1)
+    with pytest.raises(ToolkitError, match=r"\(lr from start\(\)\)$"):     # toolkit.start(lr=-1)'s keywords
+        config.load(None, lr=-1)
     with pytest.raises(ToolkitError) as e:      # built directly: no source to name, the message alone
         Config(lr=-1)
     assert str(e.value) == "lr=-1 must be > 0; e.g. --lr 0.05 or `lr: 0.05` in YAML"

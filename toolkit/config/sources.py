@@ -116,8 +116,8 @@ def load(source: "str | os.PathLike | Mapping[str, Any] | Config | None" = None,
         with origins_named(dict.fromkeys(keys, "start()")):
             return dataclasses.replace(source, **{k: _coerce(_field(k, "start()"), v) for k, v in keys.items()})
     if source is None or isinstance(source, Mapping):
-        return resolve(keys, base=dict(source or {}))
-    return resolve({"config": str(source), **keys})
+        return resolve(keys, base=dict(source or {}), named="start()")
+    return resolve({"config": str(source), **keys}, named="start()")
 
 
 def _field(name: str, source: str) -> dataclasses.Field:
@@ -128,8 +128,10 @@ def _field(name: str, source: str) -> dataclasses.Field:
 
 
 def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
-            environ: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None) -> Config:
-    """defaults < `base` (a dict of keys) < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`."""
+            environ: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None,
+            named: str | None = None) -> Config:
+    """defaults < `base` (a dict of keys) < YAML (`config` in args) < TOOLKIT_* environment < CLI values in `args`.
+    `named`: what an error calls the source of `args` (default: their flags; "start()" for keyword arguments)."""
     cli = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
     names = {f.name for f in dataclasses.fields(Config)}
     path = cli.pop("config", None)
@@ -144,7 +146,7 @@ def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
         origins.update({k: f"{path}, key {written}" for k, written in spelled.items()})
     environ = os.environ if environ is None else environ
     for source in ({k: (v, f"{ENV_PREFIX}{k.upper()}") for k, v in read_env(environ).items()},
-                   {k: (v, flag(k)) for k, v in cli.items() if k in names}):
+                   {k: (v, named or flag(k)) for k, v in cli.items() if k in names}):
         merged.update(source)
         origins.update({k: src for k, (_, src) in source.items()})
     kinds = {f.name: f for f in dataclasses.fields(Config)}
