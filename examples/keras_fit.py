@@ -1,6 +1,8 @@
 """Keras `model.fit` on Horovod, the pattern for your own Keras script: Keras 3 with the toolkit's
 pieces (horovod.tensorflow.keras fails on Keras 3), or legacy tf-keras with Horovod's own, handed
-out by the same session (`session.fit_optimizer()`, `session.fit_callbacks()`).
+out by the same session (`session.fit_optimizer()`, `session.fit_callbacks()`). `session.setup` first makes
+the model and optimizer the session's, so its verbs (check_replicas, evaluate, save) see what fit trains;
+the callbacks keep every rank's batch-norm statistics equal (averaged at each epoch's end).
 
     horovodrun -np 2 --gloo python examples/keras_fit.py --epochs 10                  # Keras 3
     horovodrun -np 2 --gloo python examples/keras_fit.py --keras tf_keras --epochs 10  # tf-keras
@@ -34,7 +36,8 @@ def main() -> int:
     data = datasets.load(session.config)
     model = session.builtin_model(data.num_features, data.num_classes)   # rank r: seed + r, different
     initial = digest(model.get_weights())
-    model.compile(optimizer=session.fit_optimizer(), metrics=["accuracy"],
+    model, optimizer = session.setup(model)                              # rank 0's weights on every rank
+    model.compile(optimizer=session.fit_optimizer(optimizer), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     shard = slice(session.rank, None, session.size)                      # this rank's share of the data
     model.fit(data.x_train[shard], data.y_train[shard], batch_size=args.batch_size, epochs=args.epochs,
@@ -42,6 +45,7 @@ def main() -> int:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     initial_digests = session.allgather_object(initial, name="initial")
     final_digests = session.allgather_object(digest(model.get_weights()), name="final")
+    session.check_replicas()            # exits on every rank if the replicas differ
     if session.is_main:
         sys.stdout.write(json.dumps({"world_size": session.size, "keras": args.keras, "precision": args.precision,
                                      "accuracy": accuracy,

@@ -1,5 +1,5 @@
-"""tf.data for the TensorFlow sessions (numpy `(x, y)` arrays are indexed by the session itself). A
-`tf.data.Dataset` of `(x, y)` samples cannot be indexed, so it is shuffled (same seed
+"""tf.data for the TensorFlow sessions (numpy arrays are indexed by the session itself). A
+`tf.data.Dataset` (elements `(x, y)`, any tuple, or a dict) cannot be indexed, so it is shuffled (same seed
 on every rank, so every rank sees the same order), sharded by replica, batched and skipped to the
 sampler's position: every sample once per epoch across the replicas, the same strided layout as
 the sampler's (replica r takes every world-th sample), and a resume mid-epoch carries on.
@@ -26,7 +26,9 @@ def length(data) -> int | None:
 
 
 def batches(data, plan, sampler):
-    """Each micro-batch of `plan` as (x, y) tensors (on the default device; Keras places them)."""
+    """Each micro-batch of `plan` as tf.data batches it, its structure kept: a tuple of any arity or
+    a dict of tensors, as the dataset's elements are (on the default device; Keras places them).
+    Several replicas in this process (mirrored): their shards' batches joined leaf by leaf."""
     b, world = sampler.batch_size, sampler.world
     ds = data
     if sampler.train and sampler.shuffle:
@@ -34,7 +36,6 @@ def batches(data, plan, sampler):
                         reshuffle_each_iteration=False)
     shards = [ds.shard(world, r).batch(b, drop_remainder=sampler.train) for r in sampler.replicas]
     ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(
-        lambda *parts: tuple(tf.concat([p[i] for p in parts], 0) for i in range(2)))
+        lambda *parts: tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *parts))
     done = sampler.position // (b * world) if sampler.train else 0     # micro-batches already trained
-    for x, y in ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE):
-        yield x, y
+    yield from ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE)

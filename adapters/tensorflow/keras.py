@@ -33,6 +33,19 @@ def make_optimizer(config, keras_module=keras):
     return keras_module.optimizers.Adam(learning_rate=config.lr)
 
 
+def statistics(model) -> list:
+    """The model's floating-point state that is not trained (BatchNormalization's moving mean and
+    variance), whichever Keras made it (a dtype name in Keras 3, a tf.DType in tf-keras)."""
+    return [v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
+
+
+def lr_schedule(optimizer, keras_module=keras):
+    """The optimizer's LearningRateSchedule (`keras_module`'s: Keras 3 or tf_keras; through a
+    loss-scale wrapper), or None when its learning rate is a plain value."""
+    lr = getattr(getattr(optimizer, "inner_optimizer", optimizer), "_learning_rate", None)
+    return lr if isinstance(lr, keras_module.optimizers.schedules.LearningRateSchedule) else None
+
+
 def save_arrays(path: Path, arrays) -> None:
     with open(path, "wb") as f:      # a file object: np.savez would append .npz to a bare name
         np.savez(f, *arrays)
@@ -81,10 +94,20 @@ class KerasSession(Session):
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 
     def set_lr(self, lr: float) -> None:
+        self._refuse_schedule()
         self.optimizer.learning_rate = lr
 
+    def _refuse_schedule(self) -> None:
+        """A Keras LearningRateSchedule sets the rate at every step from the optimizer's own
+        iteration count; Keras refuses to overwrite it with a TypeError deep in its setter."""
+        schedule = lr_schedule(self.optimizer, self.keras)
+        if schedule is not None:
+            raise ToolkitError(f"session.set_lr(): the optimizer's learning_rate is a {type(schedule).__name__} "
+                               "schedule, which sets it at every step; leave the rate to the schedule, or give "
+                               "setup() an optimizer with a plain learning_rate to set it here")
+
     # -- data ---------------------------------------------------------------------------------------
-    dataset_kind = "a tf.data.Dataset of (x, y) samples"
+    dataset_kind = "a tf.data.Dataset (elements: a tuple such as (x, y), or a dict)"
 
     def _dataset_length(self, dataset):
         return data.length(dataset)
@@ -92,7 +115,10 @@ class KerasSession(Session):
     def _tensor(self, array):
         return tf.constant(array)
 
-    def _dataset_batches(self, dataset, plan, sampler):
+    def _dataset_batches(self, dataset, plan, sampler, **reader):
+        if reader:      # tf.data has no reader object to pass options to: they belong on the dataset
+            raise ToolkitError(f"session.loader(tf.data.Dataset, {', '.join(reader)}=...): tf.data takes no reader "
+                               "options here; set them on the dataset (dataset.map(fn, num_parallel_calls=...))")
         return data.batches(dataset, plan, sampler)
 
     # -- gradients -----------------------------------------------------------------------------------
@@ -158,14 +184,14 @@ class KerasSession(Session):
             v.assign(a)
 
     def _statistics(self) -> list:
-        return [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
+        return statistics(self.model)
 
     def _buffers(self) -> list:
         return [v.numpy() for v in self._statistics()]
 
     def _set_buffers(self, arrays) -> None:
         for v, a in zip(self._statistics(), arrays, strict=True):
-            v.assign(np.asarray(a, v.dtype))
+            v.assign(np.asarray(a, tf.as_dtype(v.dtype).as_numpy_dtype))
 
     def _evaluate_batch(self, x, y):
         out = self.model(x, training=False)

@@ -71,6 +71,7 @@ class NativeSession(KerasSession):
         raise ToolkitError("backend=native has no toolkit exchange (see toolkit/registry.py)")
 
     def set_lr(self, lr: float) -> None:
+        self._refuse_schedule()
         self.optimizer.learning_rate.assign(lr) if hasattr(self.optimizer.learning_rate, "assign") \
             else setattr(self.optimizer, "learning_rate", lr)
 

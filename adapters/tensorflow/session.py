@@ -78,10 +78,14 @@ class TensorflowSession(KerasSession):
     # -- Keras 3 model.fit ------------------------------------------------------------------------------
     def fit_optimizer(self, optimizer=None):
         """For `model.compile(optimizer=...)`: the config's optimizer (or yours) that allreduces
-        its gradients as the config says (op, fp16 compression) before applying them."""
+        its gradients as the config says (op, fp16 compression) before applying them. Yours is
+        converted in place (its learning-rate schedule, slots and step count kept): give it the one
+        `setup` returned, and fit trains the optimizer the session checkpoints. Then step it with
+        fit only (session.step and train_step reduce on their own: twice)."""
         return self.strategy.fit_optimizer(self, optimizer)
 
     def fit_callbacks(self) -> list:
-        """For `model.fit(callbacks=...)`: rank 0's weights on every rank at the start, metrics
-        averaged over the ranks at each epoch's end."""
+        """For `model.fit(callbacks=...)`, first in the list: rank 0's weights on every rank at the
+        start; at each epoch's end, metrics and the moving statistics (BatchNormalization's)
+        averaged over the ranks, so `model.get_weights()` is the same on every rank."""
         return self.strategy.fit_callbacks()

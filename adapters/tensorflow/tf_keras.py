@@ -48,12 +48,20 @@ class TfKerasSession(TensorflowSession):
         return sum(losses) / len(losses)
 
     def backward(self, loss, tape=None) -> None:
+        """The user's loss plus the model's layer losses (`model.losses`: L2 regularizers, which
+        build_model uses for weight_decay; so a user's loss leaves them out), through Horovod's
+        optimizer."""
         if tape is None:
             raise ToolkitError("TensorFlow computes gradients from a tape: compute the loss under "
                                "`with tf.GradientTape() as tape:` and call session.backward(loss, tape)")
-        variables = self.model.trainable_variables
-        grads = tape.gradient(loss + sum(self.model.losses), variables)   # the layers' L2 terms too
-        self.optimizer.apply_gradients(zip(grads, variables))            # aggregated k times by Horovod
+        # Keras's own train_step path: Horovod's optimizer allreduces in compute_gradients (every k-th
+        # call: it aggregates locally before), not in apply_gradients, so minimize, not apply_gradients
+        # (which applied each rank's own gradients: replicas drifted apart). The layers' L2 terms are
+        # computed when `model.losses` is read: read back under the user's tape, or they have no gradient.
+        def total():
+            terms = self.model.losses
+            return loss + tf.add_n(terms) if terms else loss
+        self.optimizer.minimize(total, self.model.trainable_variables, tape=tape)
         self.micro += 1
 
     def _apply_step(self) -> None:

@@ -91,7 +91,7 @@ class TensorflowHorovod(HorovodStrategy):
 
     def fit_callbacks(self) -> list:
         from toolkit.adapters.tensorflow import fit
-        return [fit.BroadcastCallback(), fit.MetricAverageCallback()]
+        return [fit.BroadcastCallback(), fit.MetricAverageCallback(), fit.StatisticsCallback(self)]
 
     # -- collectives on numpy -----------------------------------------------------------------------------
     def allreduce(self, array, average: bool = True, name: str | None = None):

@@ -37,10 +37,29 @@ class TfKerasHorovod(TensorflowHorovod):
         self.hvd_keras = import_horovod_keras()
         return topology
 
-    def wrap(self, session) -> None:
+    def distributed(self, optimizer, **options):
+        """Horovod's DistributedOptimizer of `optimizer` (returned as it is when it is one already:
+        wrapping it twice recursed without end in Horovod's __init__). Horovod copies the optimizer
+        through get_config / from_config, which would rebuild a LearningRateSchedule by its
+        registered name (a user's own schedule class: TypeError); the copy gets the schedule
+        object itself (tf_keras's from_config passes a non-dict learning_rate through)."""
+        if hasattr(optimizer, "_allreduce_grads"):       # what Horovod's __init__ gives its optimizers
+            return optimizer
+        import tf_keras
+        from toolkit.adapters.tensorflow.keras import lr_schedule
         compression, op = self.reduction()
-        session.optimizer = self.hvd_keras.DistributedOptimizer(
-            session.optimizer, compression=compression, op=op, backward_passes_per_step=self.config.accumulation_steps,
+        schedule = lr_schedule(optimizer, tf_keras)
+        if schedule is not None:
+            optimizer.get_config = lambda: {**type(optimizer).get_config(optimizer), "learning_rate": schedule}
+        try:
+            return self.hvd_keras.DistributedOptimizer(optimizer, compression=compression, op=op, **options)
+        finally:
+            if schedule is not None:
+                del optimizer.get_config
+
+    def wrap(self, session) -> None:
+        session.optimizer = self.distributed(
+            session.optimizer, backward_passes_per_step=self.config.accumulation_steps,
             average_aggregated_gradients=True)   # k micro-batch means -> their mean: the large batch
         session.optimizer.build(session.model.trainable_variables)   # state exists on every rank, for broadcast
         session.model.compile(optimizer=session.optimizer, loss=lambda y, logits: session.loss_fn(logits, y))
@@ -50,12 +69,15 @@ class TfKerasHorovod(TensorflowHorovod):
 
     # -- model.fit: Horovod's own tf-keras pieces ----------------------------------------------------------
     def fit_optimizer(self, session, optimizer=None):
+        """Horovod's DistributedOptimizer of `optimizer` (or the config's); the one setup() returned
+        is one already, and comes back as it is (fit then trains what the session saves)."""
         import tf_keras
         from toolkit.adapters.tensorflow.keras import make_optimizer
-        compression, op = self.reduction()
-        return self.hvd_keras.DistributedOptimizer(optimizer or make_optimizer(self.config, tf_keras),
-                                                   compression=compression, op=op)
+        return self.distributed(optimizer or make_optimizer(self.config, tf_keras))
 
     def fit_callbacks(self) -> list:
+        import tf_keras
+        from toolkit.adapters.tensorflow import fit
         hvd = self.hvd_keras
-        return [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+        return [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                fit.StatisticsCallback(self, tf_keras)]

@@ -1,0 +1,279 @@
+"""A TensorFlow user's own code on 2 ranks (issue 33), under Keras 3 and tf-keras:
+
+- Keras `model.fit` with `session.fit_optimizer()` / `session.fit_callbacks()` on a model with
+  BatchNormalization: every rank's moving statistics equal after fit, `check_replicas()` agrees;
+- a Keras learning-rate schedule (the user's own class, around `CosineDecay`) given to
+  `session.setup(model, optimizer)` and then to `session.fit_optimizer(optimizer)`, or to setup for
+  the user's own loop: the lr read back each epoch is the same on every rank and the schedule's own
+  value at the optimizer's step; `session.set_lr` refuses to overwrite it in one line;
+- a user's own loop over a tf.data dataset whose elements are dicts or 3-tuples: every sample once
+  per epoch across the ranks, replicas equal; under tf-keras, 2 ranks step as one rank with their
+  whole batch.
+
+The tests launch this file itself as each rank's script (`toolkit launch -np 2 --gloo`):
+
+    python -m toolkit launch -np 2 --gloo -- python tests/test_tf_usercode.py fit --keras keras3 --out o.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).resolve()
+LR, WARMUP, DECAY, BATCH = 0.1, 4, 60, 16
+
+
+# -- the ranks' script ---------------------------------------------------------------------------------
+def user_schedule(keras, kind: str):
+    """`cosine`: keras's CosineDecay; `custom`: the user's own LearningRateSchedule (warm-up, then
+    CosineDecay), not registered with Keras, as most users' are."""
+    cosine = keras.optimizers.schedules.CosineDecay(LR, DECAY)
+    if kind == "cosine":
+        return cosine
+
+    class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            import tensorflow as tf
+            step = tf.cast(step, tf.float32)
+            return tf.where(step < WARMUP, LR * (step + 1) / WARMUP, cosine(step))
+
+        def get_config(self):
+            return {}
+
+    return WarmupCosine()
+
+
+def lr_now(optimizer) -> float:
+    """`optimizer.learning_rate` read back, as a user would (under a schedule: its value now)."""
+    lr = optimizer.learning_rate
+    return float(lr(optimizer.iterations) if callable(lr) else lr)
+
+
+def fit(a, session) -> dict:
+    from toolkit.adapters.base import digest
+    from tests import user_code
+    keras = session.keras
+    model = keras.Sequential([keras.Input((user_code.FEATURES,)), keras.layers.Dense(16),
+                              keras.layers.BatchNormalization(), keras.layers.ReLU(),
+                              keras.layers.Dense(user_code.CLASSES)])        # rank r: seed + r, different
+    initial = session.allgather_object(digest(model.get_weights()), name="initial")
+    optimizer = keras.optimizers.SGD(learning_rate=user_schedule(keras, a.schedule), momentum=0.9)
+    model, optimizer = session.setup(model, optimizer)
+    fit_optimizer = session.fit_optimizer(optimizer)
+    model.compile(optimizer=fit_optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    lrs, steps = [], []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: (
+        lrs.append(lr_now(model.optimizer)), steps.append(int(model.optimizer.iterations))))
+    x, y = user_code.arrays()
+    mine = slice(session.rank, None, session.size)          # each rank fits its own half: its own batch statistics
+    model.fit(x[mine], y[mine], batch_size=BATCH, epochs=a.epochs, shuffle=False, verbose=0,
+              callbacks=session.fit_callbacks() + [record])
+    moving_mean = model.non_trainable_variables[0].numpy()          # BatchNormalization's, zeros at the start
+    return {"initial_digests": initial,
+            "fit_digests": session.allgather_object(digest(model.get_weights()), name="fit"),
+            "checked_digests": session.check_replicas(),
+            "lrs": session.allgather_object(lrs, name="lrs"), "steps": steps,
+            "statistics_moved": float(abs(moving_mean).max()) > 0,
+            "trains_setup_optimizer": model.optimizer is session.optimizer}
+
+
+def elements(kind: str, x, y, w):
+    """The dataset's elements in the user's structure."""
+    return {"tuple": (x, y), "triple": (x, y, w), "dict": {"features": x, "label": y, "weight": w}}[kind]
+
+
+def fields(kind: str, batch):
+    """(x, y, weight) of one batch in the user's structure."""
+    if kind == "dict":
+        return batch["features"], batch["label"], batch["weight"]
+    return (*batch, None) if kind == "tuple" else batch
+
+
+def loop(a, session) -> dict:
+    import numpy as np
+    import tensorflow as tf
+    from tests import user_code
+    from toolkit.errors import ToolkitError
+    keras = session.keras
+    l2 = keras.regularizers.l2(1e-3) if a.l2 else None    # tf-keras: session.backward adds model.losses
+    model = keras.Sequential([keras.Input((user_code.FEATURES,)),
+                              keras.layers.Dense(16, activation="relu", kernel_regularizer=l2),
+                              keras.layers.Dense(user_code.CLASSES)])
+    optimizer = keras.optimizers.SGD(learning_rate=user_schedule(keras, a.schedule), momentum=0.9)
+    model, optimizer = session.setup(model, optimizer)
+    x, y = user_code.arrays()
+    n = len(x)
+    x[:, 0] = np.arange(n, dtype=np.float32) / n             # the index travels with the sample
+    w = np.linspace(0.5, 1.5, n).astype(np.float32)
+    loader = session.loader(tf.data.Dataset.from_tensor_slices(elements(a.elements, x, y, w)))
+    seen, lrs = {}, []
+    for epoch in range(a.epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            bx, by, bw = fields(a.elements, batch)
+            seen.setdefault(epoch, []).extend(int(round(float(v) * n)) for v in bx.numpy()[:, 0])
+            with tf.GradientTape() as tape:
+                losses = keras.losses.sparse_categorical_crossentropy(by, model(bx, training=True), from_logits=True)
+                loss = tf.reduce_mean(losses if bw is None else losses * bw)
+            session.backward(loss, tape)
+            session.step()
+        lrs.append(lr_now(optimizer))
+    refused = None
+    try:
+        session.set_lr(0.5)
+    except ToolkitError as e:
+        refused = str(e)
+    if session.is_main:
+        np.savez(a.out + ".npz", *session.weights())
+    return {"n": n, "seen": session.allgather_object(seen, name="seen"), "final_digests": session.check_replicas(),
+            "lrs": session.allgather_object(lrs, name="lrs"), "steps_per_epoch": loader.steps_per_epoch,
+            "set_lr": refused, "lr_after_set_lr": lr_now(optimizer)}
+
+
+def batches(a) -> list:
+    """A 2-replica loader in one process (as MirroredStrategy's) over 8 samples, batch 2: each batch's
+    structure and fields."""
+    import numpy as np
+    import tensorflow as tf
+    from toolkit.adapters.tensorflow import data
+    from toolkit.run.data import Sampler
+    i = np.arange(8)
+    ds = tf.data.Dataset.from_tensor_slices(elements(a.elements, i, i * 10, i * 100))
+    sampler = Sampler(8, batch_size=2, world=2, replicas=range(2), train=False)
+    return [{"structure": "dict" if isinstance(b, dict) else "triple" if len(b) == 3 else "tuple",
+             "fields": [f.numpy().tolist() for f in fields(a.elements, b)]}
+            for b in data.batches(ds, [None] * sampler.steps_per_epoch, sampler)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("fit", "loop", "batches"))
+    p.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
+    p.add_argument("--schedule", choices=("cosine", "custom"), default="cosine")
+    p.add_argument("--elements", choices=("tuple", "triple", "dict"), default="tuple")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=BATCH)
+    p.add_argument("--l2", action="store_true", help="an L2 kernel regularizer in the loop's model")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if a.mode == "batches":
+        Path(a.out).write_text(json.dumps(batches(a)))
+        return 0
+    import toolkit
+    session = toolkit.start(framework="tensorflow", keras=a.keras, batch_size=a.batch_size, optimizer="sgd", lr=LR,
+                            momentum=0.9, quiet=True)
+    out = (fit if a.mode == "fit" else loop)(a, session)
+    if session.is_main:
+        Path(a.out).write_text(json.dumps(out))
+    return 0
+
+
+# -- the tests ------------------------------------------------------------------------------------------
+def launch(tmp_path, *args, ranks: int = 2, name: str = "out") -> dict:
+    """This file on `ranks` ranks (toolkit launch, Gloo; one: a plain process); rank 0's record (and
+    the loop's final weights, as "weights")."""
+    import numpy as np
+    from tests.conftest import horovod_status, run
+    why = horovod_status("tensorflow")
+    if why:
+        pytest.skip(f"horovod.tensorflow does not import ({why})")
+    out = tmp_path / f"{name}-{ranks}.json"
+    argv = [sys.executable, SCRIPT, *args, "--out", out]
+    if ranks > 1:
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", "290", "--", *argv]
+    proc = run(argv, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    record = json.loads(out.read_text())
+    if Path(f"{out}.npz").exists():
+        with np.load(f"{out}.npz") as saved:
+            record["weights"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    return record
+
+
+def expected_lr(schedule: str, step: int) -> float:
+    """The single-process value of `user_schedule(kind)` at optimizer step `step` (CosineDecay's formula)."""
+    if schedule == "custom" and step < WARMUP:
+        return LR * (step + 1) / WARMUP
+    return LR * 0.5 * (1 + math.cos(math.pi * min(step, DECAY) / DECAY))
+
+
+def read_back_lag(keras: str) -> int:
+    """`optimizer.learning_rate` under a schedule: Keras 3 gives the rate of the step to come,
+    tf-keras the rate of the step it last applied."""
+    return 1 if keras == "tf_keras" else 0
+
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
+def test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule(keras, tmp_path):
+    out = launch(tmp_path, "fit", "--keras", keras, "--schedule", "custom", "--epochs", "3")
+    assert out["initial_digests"][0] != out["initial_digests"][1]
+    assert out["statistics_moved"], "the batch-norm statistics must have been trained"
+    # model.get_weights() right after fit (moving statistics included): the same on both ranks
+    assert len(set(out["fit_digests"])) == 1, out["fit_digests"]
+    assert out["checked_digests"] == out["fit_digests"], "check_replicas had to change the model"
+    steps_per_epoch = 512 // 2 // BATCH
+    assert out["steps"] == [steps_per_epoch * (e + 1) for e in range(3)]
+    assert out["lrs"][0] == out["lrs"][1]
+    assert out["lrs"][0] == pytest.approx([expected_lr("custom", s - read_back_lag(keras)) for s in out["steps"]],
+                                          rel=1e-5)
+    assert out["trains_setup_optimizer"], "fit must train the optimizer the session set up (and saves)"
+
+
+@pytest.mark.parametrize("keras, elements", [("keras3", "dict"), ("tf_keras", "triple")])
+def test_a_users_loop_over_dict_or_triple_elements_with_a_cosine_schedule(keras, elements, tmp_path):
+    out = launch(tmp_path, "loop", "--keras", keras, "--elements", elements, "--epochs", "2")
+    spe, n = out["steps_per_epoch"], out["n"]
+    assert spe == n // (2 * BATCH)
+    for epoch in ("0", "1"):
+        counts = Counter(i for per_rank in out["seen"] for i in per_rank[epoch])
+        assert set(counts.values()) == {1} and len(counts) == n, f"epoch {epoch}: not every sample once"
+    assert len(set(out["final_digests"])) == 1
+    assert out["lrs"][0] == out["lrs"][1]
+    assert out["lrs"][0] == pytest.approx([expected_lr("cosine", spe * (e + 1) - read_back_lag(keras))
+                                           for e in range(2)], rel=1e-5)
+    assert out["set_lr"] and "\n" not in out["set_lr"] and "set_lr" in out["set_lr"], out["set_lr"]
+    assert out["lr_after_set_lr"] == out["lrs"][0][-1]
+
+
+def test_two_replicas_in_one_process_get_their_shards_joined_in_the_elements_structure(tmp_path):
+    """MirroredStrategy's loader (several replicas in one process): each batch keeps the dataset's
+    structure, every leaf the replicas' shards one after the other (a plain process: TensorFlow's
+    import sets environment variables)."""
+    from tests.conftest import run
+    out = tmp_path / "batches.json"
+    proc = run([sys.executable, SCRIPT, "batches", "--elements", "dict", "--out", out], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert [b["structure"] for b in got] == ["dict"] * 2
+    for batch, first in zip(got, (0, 4)):
+        x, y, w = batch["fields"]
+        assert x == [first, first + 2, first + 1, first + 3]        # replica 0's two samples, then replica 1's
+        assert y == [v * 10 for v in x] and w == [v * 100 for v in x]
+
+
+def test_a_tf_keras_users_loop_on_two_ranks_equals_one_rank_with_their_whole_batch(tmp_path):
+    """session.backward under tf-keras: Horovod's optimizer allreduces in compute_gradients, not in
+    apply_gradients, so the ranks must step through minimize; the layers' L2 terms count too."""
+    from tests.helpers import max_diff
+    args = ["loop", "--keras", "tf_keras", "--elements", "tuple", "--epochs", "1", "--l2"]
+    two = launch(tmp_path, *args, "--batch-size", str(BATCH))
+    one = launch(tmp_path, *args, "--batch-size", str(2 * BATCH), ranks=1)
+    assert two["steps_per_epoch"] == one["steps_per_epoch"] == 512 // (2 * BATCH)
+    assert max_diff(two["weights"], one["weights"]) < 1e-5
+    no_l2 = launch(tmp_path, *args[:-1], "--batch-size", str(2 * BATCH), ranks=1, name="no-l2")
+    assert max_diff(no_l2["weights"], one["weights"]) > 1e-4, "the L2 terms must have counted"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
