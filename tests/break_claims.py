@@ -33,6 +33,7 @@ class Mutant:
 D, C, P = "tests/test_distributed.py", "tests/test_distributed_communication.py", "tests/test_ps.py"
 A, N = "tests/test_api.py", "tests/test_numerics.py"
 W = "tests/test_workloads.py"
+TU = "tests/test_tf_usercode.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/run/pipeline.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -290,6 +291,43 @@ MUTANTS = [
     Mutant("metric-count-wrong", "evaluate(metric=...) weighs each batch by its samples",
            (("adapters/base.py", "        n = leading_size(batch)\n", "        n = 1\n"),),
            ("tests/test_usercode.py::test_dict_batches_through_a_collate_fn_train_a_transformers_model_with_its_own_loss",)),
+    # issue 33: Keras/TensorFlow users' own code (tests/test_tf_usercode.py)
+    Mutant("fit-statistics-apart", "after Keras fit every rank holds the same BatchNormalization statistics",
+           (("adapters/tensorflow/strategies/horovod.py",
+             "return [fit.BroadcastCallback(), fit.MetricAverageCallback(), fit.StatisticsCallback(self)]",
+             "return [fit.BroadcastCallback(), fit.MetricAverageCallback()]"),),
+           (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[keras3]",)),
+    Mutant("fit-optimizer-copied", "fit_optimizer keeps the user's optimizer (its schedule, slots and step)",
+           (("adapters/tensorflow/fit.py", "    optimizer.__class__ = _Distributed\n    return optimizer",
+             "    return _Distributed.from_config(optimizer.get_config())"),),
+           (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[keras3]",)),
+    Mutant("tf-keras-wrapped-twice", "tf-keras fit_optimizer takes the optimizer setup returned",
+           (("adapters/tensorflow/strategies/tf_keras.py", 'if hasattr(optimizer, "_allreduce_grads"):', "if False:"),),
+           (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[tf_keras]",)),
+    Mutant("tf-keras-schedule-lost", "a tf-keras optimizer's schedule survives setup",
+           (("adapters/tensorflow/strategies/tf_keras.py", "schedule = lr_schedule(optimizer, tf_keras)", "schedule = None"),),
+           (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[tf_keras]",)),
+    Mutant("tf-dict-unpacked", "tf.data dict elements reach the user's loop as dicts",
+           (("adapters/tensorflow/data.py", "    yield from ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE)",
+             "    for x, y in ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE):\n        yield x, y"),),
+           (f"{TU}::test_a_users_loop_over_dict_or_triple_elements_with_a_cosine_schedule[keras3-dict]",)),
+    Mutant("tf-replicas-two-fields", "two replicas in one process join their shards field by field",
+           (("adapters/tensorflow/data.py",
+             "lambda *parts: tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *parts))",
+             "lambda *parts: tuple(tf.concat([p[i] for p in parts], 0) for i in range(2)))"),),
+           (f"{TU}::test_two_replicas_in_one_process_get_their_shards_joined_in_the_elements_structure",)),
+    Mutant("set-lr-over-schedule", "set_lr on a scheduled Keras optimizer is one line, not Keras's TypeError",
+           (("adapters/tensorflow/keras.py", "        self._refuse_schedule()\n        self.optimizer.learning_rate = lr",
+             "        self.optimizer.learning_rate = lr"),),
+           (f"{TU}::test_a_users_loop_over_dict_or_triple_elements_with_a_cosine_schedule[keras3-dict]",)),
+    Mutant("tf-keras-loop-unreduced", "a tf-keras user's loop reduces its gradients (2 ranks == 1 rank, whole batch)",
+           (("adapters/tensorflow/tf_keras.py", "self.optimizer.minimize(total, self.model.trainable_variables, tape=tape)",
+             "self.optimizer.apply_gradients(zip(tape.gradient(loss, self.model.trainable_variables), "
+             "self.model.trainable_variables))"),),
+           (f"{TU}::test_a_tf_keras_users_loop_on_two_ranks_equals_one_rank_with_their_whole_batch",)),
+    Mutant("tf-keras-dtype", "tf-keras statistics are found (its variables' dtype is a tf.DType)",
+           (("adapters/tensorflow/keras.py", "if tf.as_dtype(v.dtype).is_floating]", 'if v.dtype.startswith("float")]'),),
+           (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[tf_keras]",)),
 ]
 
 
