@@ -4,8 +4,15 @@ MXNet 1.9.1 is the last release (the project is retired upstream). How gradients
 strategy's (adapters/mxnet/strategies/horovod.py: Horovod's DistributedTrainer, plus the
 accumulation and op its API lacks); bf16 is adapters/mxnet/precision.py (AMP). The session's
 optimizer is Gluon's Trainer (what a Gluon user steps). A Gluon loss gives one value per sample:
-`backward(loss)` counts them. Loaders: numpy `(x, y)` arrays, or a Gluon `Dataset` read by Gluon's
+`backward(loss)` counts them. Loaders: numpy arrays, or a Gluon `Dataset` read by Gluon's
 DataLoader with the toolkit's sampler as its batch sampler.
+
+A model whose shapes Gluon defers (layers without in_units / in_channels: Gluon's documented
+deferred initialisation) is set up in two halves: setup() places it and makes the Trainer (which
+takes deferred parameters), and its first forward pass, on every rank, finishes the rest once the
+shapes are known (`_finish_setup`: this rank's digest, the exchange's sizes, rank 0's parameters
+and optimizer state on every rank), the moment Horovod's broadcast_parameters picks for them too.
+A resume before that pass takes the shapes from rank 0's checkpoint (the strategy's broadcast).
 """
 from __future__ import annotations
 
@@ -17,9 +24,11 @@ import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on
 from toolkit.exchange import numerics
 from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
+from toolkit.adapters.topology import digest
 from toolkit.adapters.mxnet.precision import Precision, float32 as _float32
-from toolkit.config import Optimizer
+from toolkit.config import PS_SYNCS, Optimizer
 from toolkit.errors import ToolkitError
+from toolkit.run.data import map_structure
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
 os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank()))
@@ -63,13 +72,77 @@ class MxnetSession(Session):
             model.initialize(mx.init.Xavier(), ctx=self.ctx)
         else:
             model.collect_params().reset_ctx(self.ctx)
-        deferred = [name for name, p in params.items() if p._data is None]
-        if deferred:
-            raise ToolkitError(f"session.setup(model): parameters of unknown shape ({deferred[0]}, ...: Gluon's "
-                               "deferred initialisation); give the layers in_units/in_channels, or run the model "
-                               "once on a batch before setup")
         self.params = params
+        if not self.parameter_shapes():
+            if self.config.sync in PS_SYNCS:
+                name = next(name for name, p in params.items() if p._data is None)
+                raise ToolkitError(f"session.setup(model): parameters of unknown shape ({name}, ...: Gluon's deferred "
+                                   f"initialisation) with sync={self.config.sync.value}: the parameter server shards "
+                                   "the parameters at setup; give the layers in_units/in_channels")
+            self._first_call = model.register_forward_pre_hook(self._finish_setup)
         return model
+
+    # -- Gluon's deferred shapes ----------------------------------------------------------------------
+    _first_call = None      # the forward pre-hook that finishes setup, while the model's shapes are unknown
+
+    @property
+    def shapes_known(self) -> bool:
+        return self._first_call is None
+
+    def parameter_shapes(self) -> list | None:
+        """Every parameter's shape, in the model's order, once all are known on this rank, else None."""
+        if any(p._data is None for p in self.params.values()):
+            return None
+        return [p.shape for p in self.params.values()]
+
+    def _finish_setup(self, model, inputs) -> None:
+        """The model's first forward pass (a forward pre-hook), on every rank: the shapes from this
+        batch and the parameters initialised, then setup's second half, before that pass uses them.
+        A HybridBlock's shapes come from Gluon's inference on its graph (nothing computed); a plain
+        Block's from running it once in predict mode (no statistics move), after which its
+        parameters are made afresh: on the CPU, oneDNN keeps a convolution's weight in its own
+        layout after an inference pass, which Horovod's broadcast cannot read ("We can't generate
+        TBlob for MKLDNN data")."""
+        with autograd.pause():
+            if isinstance(model, gluon.HybridBlock):
+                model.infer_shape(*inputs)
+                for p in self.params.values():
+                    p._finish_deferred_init()
+            else:
+                model.forward(*inputs)
+                for p in self.params.values():
+                    p._init_impl(mx.nd.array(p.data(self.ctx).asnumpy(), dtype=p.dtype), p.list_ctx())
+            self._shapes_known()
+            self.broadcast()
+
+    def take_shapes(self, shapes: list) -> None:
+        """The shapes rank 0 knows (from a checkpoint loaded before the first forward pass): the
+        parameters this rank still defers made with them (zeros, no random draw; their values come
+        by the broadcast that follows), then setup's second half."""
+        for p, shape in zip(self.params.values(), shapes, strict=True):
+            if p._data is None:
+                p._load_init(mx.nd.zeros(shape, dtype=p.dtype), None)
+        self._shapes_known()
+
+    def _shapes_known(self) -> None:
+        """What setup() could not do without the shapes: this rank's initial digest, and the
+        communication, sized by the gradients it moves (no step has run: it holds no state yet)."""
+        self._first_call.detach()
+        self._first_call = None
+        self.local_digests = [digest(p) for p in self.replica_parameters()]
+        self.communication = self.strategy.communication(self)
+
+    def train_step(self, batches):
+        """The facade's step; a model whose shapes Gluon defers takes them from the step's first
+        micro-batch before the step's communication starts (the first forward pass would otherwise
+        run inside it, after it counted the step's bytes)."""
+        if not self.shapes_known:
+            self._finish_setup(self.model, (batches[0][0],))
+        return super().train_step(batches)
+
+    def _unknown_shapes(self, what: str) -> ToolkitError:
+        return ToolkitError(f"{what}: the model's shapes are not known yet (Gluon's deferred initialisation, before "
+                            "its first forward pass); run a step first, or give the layers in_units/in_channels")
 
     def _trainable(self) -> list:
         return [p for p in self.params.values() if p.grad_req != "null"]
@@ -97,11 +170,25 @@ class MxnetSession(Session):
     def _tensor(self, array):
         return mx.nd.array(array, ctx=self.ctx, dtype=array.dtype)
 
-    def _dataset_batches(self, data, plan, sampler):
-        reader = gluon.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan],
-                                       num_workers=self.config.loader_workers)
-        for x, y in reader:
-            yield x.as_in_context(self.ctx), y.as_in_context(self.ctx)
+    def _dataset_batches(self, data, plan, sampler, **reader):
+        """Gluon's DataLoader over the plan's batches, each as it yields it (a list for samples of any
+        number of fields, a dict for dict samples) with its arrays on this rank's device; `reader`:
+        the user's DataLoader options (batchify_fn, num_workers, ...), over the config's."""
+        if refused := sorted({"batch_size", "shuffle", "sampler", "batch_sampler", "last_batch"} & set(reader)):
+            raise ToolkitError(f"session.loader(dataset, {', '.join(refused)}=...): batch_size, shuffle and the "
+                               "sampler are the session's (batch_size=, shuffle= of session.loader); give the other "
+                               "DataLoader options (batchify_fn, num_workers, ...)")
+        options = {"num_workers": self.config.loader_workers, **reader}
+        if options.get("batchify_fn") is None:
+            options["batchify_fn"] = _with_dicts(gluon.data.dataloader.default_mp_batchify_fn
+                                                 if options["num_workers"] else
+                                                 gluon.data.dataloader.default_batchify_fn)
+        batches = gluon.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
+        for batch in batches:
+            yield map_structure(self._to_device, batch)
+
+    def _to_device(self, value):
+        return value.as_in_context(self.ctx) if isinstance(value, mx.nd.NDArray) else value
 
     # -- the step -----------------------------------------------------------------------------------
     def backward(self, loss, tape=None) -> None:
@@ -167,6 +254,9 @@ class MxnetSession(Session):
         self._zero_grad()
 
     def weights(self) -> list:
+        """The trainable parameters; none while Gluon still defers their shapes."""
+        if not self.shapes_known:
+            return []
         return [p.data(self.ctx).asnumpy() for p in self._trainable()]
 
     def set_weights(self, arrays) -> None:
@@ -192,6 +282,8 @@ class MxnetSession(Session):
         return [p for p in self.params.values() if p.grad_req == "null" and np.issubdtype(p.dtype, np.floating)]
 
     def _buffers(self) -> list:
+        if not self.shapes_known:       # nothing measured yet, on any rank
+            return []
         return [p.data(self.ctx).asnumpy() for p in self._statistics()]
 
     def _set_buffers(self, arrays) -> None:
@@ -215,12 +307,51 @@ class MxnetSession(Session):
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:
+        if not self.shapes_known:
+            raise self._unknown_shapes("session.save()")
         self.model.save_parameters(str(folder / PARAMS_FILE))
         self.optimizer.save_states(str(folder / STATES_FILE))
 
     def _load_objects(self, folder: Path) -> None:
         self.model.load_parameters(str(folder / PARAMS_FILE), ctx=self.ctx)
-        self.optimizer.load_states(str(folder / STATES_FILE))
+        self.load_trainer_states(str(folder / STATES_FILE))
+
+    def load_trainer_states(self, path: str) -> None:
+        """The Trainer's states from `path` (momentum, the optimizer's update counts, its lr_scheduler),
+        into the optimizer object the user holds. Trainer.load_states swaps in an unpickled copy of
+        the optimizer, so the user's optimizer and scheduler would stop being the ones that train
+        (after setup's broadcast every rank but 0 kept reading its first learning rate, and its
+        set_learning_rate changed nothing); the state goes into them in place, as MXNet's own
+        Optimizer.__setstate__ fills an optimizer."""
+        trainer = self.optimizer
+        mine = trainer._optimizer
+        trainer.load_states(path)
+        loaded = trainer._optimizer
+        if loaded is mine:
+            return
+        schedule = mine.lr_scheduler
+        mine.__dict__.update({k: v for k, v in loaded.__dict__.items() if k != "param_dict"})
+        if schedule is not None and loaded.lr_scheduler is not None:
+            schedule.__dict__.update(loaded.lr_scheduler.__dict__)
+            mine.lr_scheduler = schedule
+        trainer._optimizer = mine
+        for updater in trainer._updaters:
+            updater.optimizer = mine
 
     def replica_parameters(self) -> list[list]:
+        """This rank's parameters and statistics; none while Gluon still defers their shapes."""
+        if not self.shapes_known:
+            return []
         return [[p.data(self.ctx).asnumpy() for p in self.params.values()]]
+
+
+def _with_dicts(batchify):
+    """Gluon's batchify for samples of fields, taking dict samples too (Hugging Face's form: a dict
+    of arrays per sample, batched key by key); Gluon's own turns a list of dicts into an object array."""
+    def batchify_samples(samples):
+        if isinstance(samples[0], dict):
+            return {key: batchify_samples([s[key] for s in samples]) for key in samples[0]}
+        if isinstance(samples[0], tuple):
+            return [batchify_samples(list(field)) for field in zip(*samples)]
+        return batchify(samples)
+    return batchify_samples

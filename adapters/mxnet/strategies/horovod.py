@@ -5,7 +5,8 @@ Horovod's MXNet API has no `backward_passes_per_step` and no `op`: gradients add
 (`Trainer.update(samples)`: the mean over every sample of the k micro-batches, as one large batch);
 `op: sum` is the average times the world size, passed through the update's batch size. Adasum is
 refused at config time (toolkit/registry.py). With the toolkit's exchange the Trainer is a plain
-local `gluon.Trainer` and toolkit/exchange/communication.py moves the gradients.
+local `gluon.Trainer` and toolkit/exchange/communication.py moves the gradients. A model whose
+shapes Gluon defers is broadcast once they are known (adapters/mxnet/session.py, `_finish_setup`).
 """
 from __future__ import annotations
 
@@ -61,6 +62,15 @@ class MxnetHorovod(HorovodStrategy):
         self.step_divisor = 1.0 / hvd.size() if c.op is Op.SUM else 1.0
 
     def broadcast(self, session, root: int = 0) -> None:
+        """Rank `root`'s parameters and Trainer states on every rank. While Gluon defers the model's
+        shapes: the root's shapes where it knows them (it loaded a checkpoint), else nothing yet (the
+        model's first forward pass broadcasts, MxnetSession._finish_setup)."""
+        if not session.shapes_known:
+            shapes = self.broadcast_object(session.parameter_shapes() if session.rank == root else None,
+                                           name="toolkit.deferred_shapes", root=root)
+            if shapes is None:
+                return
+            session.take_shapes(shapes)
         self.hvd.broadcast_parameters(session.params, root_rank=root)
         # A sync point, as Horovod itself once had here (horovod PR #793): the in-place broadcasts
         # run asynchronously on MXNet's engine; the trainer's own init broadcast (in save_states /
@@ -76,7 +86,7 @@ class MxnetHorovod(HorovodStrategy):
                                          name="toolkit.trainer_states", root=root)
             if session.rank != root:
                 Path(path).write_bytes(blob)
-                session.optimizer.load_states(path)
+                session.load_trainer_states(path)
 
     # -- the step (the facade's order: adapters/base.py Session._reduce_and_apply) ---------------------
     def reduce_loss(self, session, loss):
