@@ -34,6 +34,7 @@ D, C, P = "tests/test_distributed.py", "tests/test_distributed_communication.py"
 A, N = "tests/test_api.py", "tests/test_numerics.py"
 W = "tests/test_workloads.py"
 TU = "tests/test_tf_usercode.py"
+MU = "tests/test_mxnet_usercode.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/run/pipeline.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -328,6 +329,40 @@ MUTANTS = [
     Mutant("tf-keras-dtype", "tf-keras statistics are found (its variables' dtype is a tf.DType)",
            (("adapters/tensorflow/keras.py", "if tf.as_dtype(v.dtype).is_floating]", 'if v.dtype.startswith("float")]'),),
            (f"{TU}::test_fit_ends_with_equal_batchnorm_statistics_and_follows_a_users_schedule[tf_keras]",)),
+    # issue 33: MXNet Gluon users' own code (tests/test_mxnet_usercode.py)
+    Mutant("mxnet-deferred-no-broadcast", "a deferred Gluon model holds rank 0's weights on every rank after its first pass",
+           (("adapters/mxnet/deferred.py", "            self._shapes_known()\n            self.broadcast()",
+             "            self._shapes_known()"),),
+           (f"{MU}::test_a_deferred_model_trains_as_with_explicit_shapes[plain]",)),
+    Mutant("mxnet-optimizer-detached", "the user's MXNet optimizer and scheduler stay the ones that train on every rank",
+           (("adapters/mxnet/session.py", "        if loaded is mine:\n            return", "        if True:\n            return"),),
+           (f"{MU}::test_mxnets_factor_scheduler_on_the_optimizer_given_to_setup",)),
+    Mutant("mxnet-resume-no-shapes", "a deferred model resumed before its first pass takes rank 0's shapes",
+           (("adapters/mxnet/strategies/horovod.py", "session.parameter_shapes() if session.rank == root else None", "None"),),
+           (f"{MU}::test_a_deferred_model_resumed_before_its_first_forward_pass_ends_where_the_whole_run_did",)),
+    Mutant("mxnet-batches-unpacked", "Gluon batches of any number of fields reach the user's loop whole",
+           (("adapters/mxnet/session.py", "            yield map_structure(self._to_device, batch)",
+             "            yield tuple(map_structure(self._to_device, batch))[:2]"),),
+           (f"{MU}::test_three_field_and_dict_samples",)),
+    Mutant("mxnet-dict-samples", "Gluon dict samples are batched key by key",
+           (("adapters/mxnet/session.py", "        if isinstance(samples[0], dict):", "        if False:"),),
+           (f"{MU}::test_three_field_and_dict_samples",)),
+    Mutant("mxnet-deferred-unsized", "a deferred model's exchange is sized by its gradients once the shapes are known",
+           (("adapters/mxnet/deferred.py", "        self.communication = self.strategy.communication(self)", "        pass"),),
+           (f"{MU}::test_the_built_in_script_trains_a_deferred_user_module_as_the_explicit_one",)),
+    Mutant("mxnet-deferred-save", "save() before a deferred model's first pass is one line",
+           (("adapters/mxnet/session.py", '        if not self.shapes_known:\n            raise self._unknown_shapes("session.save()")',
+             "        pass"),),
+           (f"{MU}::test_what_needs_the_shapes_before_the_first_forward_pass_is_one_line",)),
+    Mutant("mxnet-shapes-inside-step", "train_step takes a deferred model's shapes before the step's communication",
+           (("adapters/mxnet/deferred.py", "        if not self.shapes_known:\n            self._finish_setup(self.model, (batches[0][0],))",
+             "        pass"),),
+           (f"{MU}::test_the_built_in_script_trains_a_deferred_user_module_as_the_explicit_one",)),
+    Mutant("mxnet-block-onednn-layout", "a plain deferred Block's parameters are broadcastable after its inference pass",
+           (("adapters/mxnet/deferred.py",
+             "                    p._init_impl(mx.nd.array(p.data(self.ctx).asnumpy(), dtype=p.dtype), p.list_ctx())",
+             "                    pass"),),
+           (f"{MU}::test_a_deferred_model_trains_as_with_explicit_shapes[block-accumulation]",)),
 ]
 
 
