@@ -94,3 +94,15 @@ def user_loop(fw, out, *args, ranks=2, timeout=300) -> dict:
     with np.load(str(out) + ".npz") as saved:
         record["weights"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     return record
+
+
+def script_ranks(script, case, out, *args, ranks=2, timeout=300) -> list[dict]:
+    """A user script of tests/ (`script CASE --out OUT ...`, each rank writing `OUT.<rank>.json`) on
+    `ranks` ranks through `toolkit launch` (Gloo); every rank's record."""
+    argv = [sys.executable, str(script), case, "--out", out, *args]
+    if ranks > 1:
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
+                *argv]
+    proc = run(argv, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [json.loads(open(f"{out}.{rank}.json").read()) for rank in range(ranks)]

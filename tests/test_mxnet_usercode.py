@@ -3,13 +3,13 @@ a model whose shapes Gluon defers (layers without in_channels / in_units) in a u
 with accumulation, checkpointed and resumed) and through the built-in script; MXNet's own
 FactorScheduler on the optimizer given to setup(); datasets of three fields and of dicts.
 """
-import json
 import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 
+from tests.helpers import script_ranks
 from tests.conftest import ROOT, horovod_status, run, train_job
 
 pytestmark = pytest.mark.distributed
@@ -24,15 +24,9 @@ def horovod_mxnet():
         pytest.skip(f"horovod.mxnet does not import ({why}); run `make setup`")
 
 
-def user_gluon(case, out, *args, ranks=2, timeout=300) -> list[dict]:
-    """tests/user_gluon.py CASE on `ranks` ranks; every rank's record."""
-    argv = [sys.executable, SCRIPT, case, "--out", out, *args]
-    if ranks > 1:
-        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
-                *argv]
-    proc = run(argv, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return [json.loads(open(f"{out}.{rank}.json").read()) for rank in range(ranks)]
+def user_gluon(case, out, *args, **kw) -> list[dict]:
+    """tests/user_gluon.py CASE on 2 ranks (or `ranks`); every rank's record."""
+    return script_ranks(SCRIPT, case, out, *args, **kw)
 
 
 @pytest.fixture(scope="module")

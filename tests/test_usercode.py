@@ -2,27 +2,21 @@
 several models with their own optimizers (a GAN) and its checkpoints, Hugging Face-style dict batches
 through a `collate_fn` into a `transformers` model with its own loss, torch's own lr scheduler.
 """
-import json
 import sys
 from collections import Counter
 
 import pytest
 
+from tests.helpers import script_ranks
 from tests.conftest import ROOT, run
 
 pytestmark = pytest.mark.distributed
 SCRIPT = str(ROOT / "tests" / "user_torch.py")
 
 
-def user_torch(case, out, *args, ranks=2, timeout=300) -> list[dict]:
-    """tests/user_torch.py CASE on `ranks` ranks; every rank's record."""
-    argv = [sys.executable, SCRIPT, case, "--out", out, *args]
-    if ranks > 1:
-        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
-                *argv]
-    proc = run(argv, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return [json.loads(open(f"{out}.{rank}.json").read()) for rank in range(ranks)]
+def user_torch(case, out, *args, **kw) -> list[dict]:
+    """tests/user_torch.py CASE on 2 ranks (or `ranks`); every rank's record."""
+    return script_ranks(SCRIPT, case, out, *args, **kw)
 
 
 def assert_every_sample_once(records, n):
