@@ -1,10 +1,12 @@
 """The Horovod build recipe: switches, workarounds and the cache key (no compiling here)."""
+import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from toolkit.build import horovod as hb, toolchain as tc, workarounds as wa
+from toolkit.build import horovod as hb, horovod_patches as hp, toolchain as tc, workarounds as wa
 from toolkit.errors import ToolkitError
 
 # This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.
@@ -12,14 +14,28 @@ TOOLCHAIN = tc.Toolchain(python=(3, 11), compiler="c++", compiler_id="gcc", comp
                          cmake_version=(3, 25, 1), cffi=True)
 
 
+def _stand_in(root, rows=wa.WORKAROUNDS):
+    """A source tree holding what the rows' edits expect to find (each `old`, or a regex's example, as
+    many times as Horovod's files have it)."""
+    files = {}
+    for w in rows:
+        for e in w.edits:
+            files.setdefault(e.path, []).extend([e.example or e.old] * e.count)
+    for path, parts in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("\n".join(parts) + "\n")
+    return root
+
+
 def test_env_has_the_workarounds(tmp_path):
-    ops = tmp_path / "src" / wa.OPERATIONS_CC      # a stand-in: the three ops that log a queued name
-    ops.parent.mkdir(parents=True)
-    ops.write_text("\n}\n".join([wa._ENQUEUED_LOG] * 3))
+    source = _stand_in(tmp_path / "src")
     env, applied = hb.build_env(hb.BuildSpec(), tmp_path, {"CXXFLAGS": "-O2", "HOROVOD_WITHOUT_MXNET": "1"},
-                                TOOLCHAIN, source=tmp_path / "src")
-    assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers", "mxnet-enqueue-name"]
-    assert ops.read_text().count("<< enqueued_name;") == 3
+                                TOOLCHAIN, source=source)
+    assert applied == ["cxx-std", "torch-cpu-no-cuda-home", "tensorflow-headers", "mxnet-enqueue-name", "keras3-api",
+                       "launcher-no-framework"]
+    assert (source / hp.OPERATIONS_CC).read_text().count("<< enqueued_name;") == 3
+    assert "_ref(var)" in (source / "horovod/_keras/__init__.py").read_text()
+    assert "_recorded_build('gloo_built', verbose)" in (source / "horovod/common/util.py").read_text()
     assert env["HOROVOD_WITH_PYTORCH"] == env["HOROVOD_WITH_TENSORFLOW"] == env["HOROVOD_WITH_MXNET"] == "1"
     assert "HOROVOD_WITHOUT_MXNET" not in env, "a stale opposite switch must be removed"
     assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"
@@ -54,9 +70,49 @@ def test_cache_key_changes_with_every_input():
             hb.cache_key(hb.BuildSpec(gloo=False), versions),
             hb.cache_key(hb.BuildSpec(extra_env=("A=1",)), versions)}
     assert len(keys) == 5
-    # a build with MXNet carries the patch that changes its code: an unpatched cached wheel is not reused
-    assert base.endswith("_mxnet-enqueue-name")
-    assert "enqueue" not in hb.cache_key(hb.BuildSpec(frameworks=("torch",)), {"torch": versions["torch"]})
+    # the patches that change the built code are in the key, by name and by content: a wheel cached
+    # without them (or with other edits) is not reused, a clean clone's `make setup` builds anew
+    assert re.search(r"_mxnet-enqueue-name\+keras3-api\+launcher-no-framework-[0-9a-f]{8}$", base), base
+    torch_only = hb.cache_key(hb.BuildSpec(frameworks=("torch",)), {"torch": versions["torch"]})
+    assert "enqueue" not in torch_only and "keras3" not in torch_only and "launcher-no-framework" in torch_only
+
+
+def test_a_changed_patch_gives_a_new_cache_key(monkeypatch):
+    versions = {"tensorflow": "tensorflow-cpu==2.21.0"}
+    spec = hb.BuildSpec(frameworks=("tensorflow",))
+    before = hb.cache_key(spec, versions)
+    row = next(w for w in wa.WORKAROUNDS if w.name == "keras3-api")
+    edits = row.edits[:-1] + (dataclasses.replace(row.edits[-1], new=row.edits[-1].new + " "),)
+    monkeypatch.setattr(hb, "WORKAROUNDS", tuple(dataclasses.replace(w, edits=edits) if w is row else w
+                                                 for w in wa.WORKAROUNDS))
+    after = hb.cache_key(spec, versions)
+    assert after != before and after.rsplit("-", 1)[0] == before.rsplit("-", 1)[0]
+
+
+def test_a_wheelhouse_build_made_with_other_patches_is_refused(tmp_path):
+    import json
+    import sys
+    from toolkit.build import pins, wheelhouse
+    spec, versions = hb.BuildSpec(frameworks=("torch",)), {"torch": "torch==2.14.1"}
+    key = hb.cache_key(spec, versions)
+    theirs = key.rsplit("-", 1)[0] + "-00000000"          # the same rows, other edits
+    (tmp_path / theirs).mkdir()
+    (tmp_path / theirs / wheelhouse.MANIFEST).write_text(json.dumps({
+        "key": theirs, "horovod": pins.HOROVOD, "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "frameworks": versions, "operations": "cpu", "controllers": ["mpi", "gloo"], "wheel": "horovod.whl"}))
+    with pytest.raises(ToolkitError, match=re.escape(f"built for other build options or source patches ({theirs} vs {key})")):
+        wheelhouse.find(str(tmp_path), key, versions, spec)
+
+
+def test_the_installed_horovod_carries_todays_patches():
+    """The installed build was made with the patches in this checkout (its key holds their hash): else
+    the tests of what they fix would test an older Horovod; `make setup` rebuilds on a new key."""
+    key, data = hb.installed_key(), hb.installed_build()
+    if key is None or data is None:
+        pytest.skip("no Horovod built by the toolkit here; run `make setup`")
+    spec = hb.BuildSpec(frameworks=tuple(sorted(data["frameworks"])), gpu=data["operations"] == "nccl",
+                        mpi="mpi" in data["controllers"], gloo="gloo" in data["controllers"])
+    assert hb.patches_key(spec) in key.split("_"), f"the installed Horovod ({key}) has other patches: run `make setup`"
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -96,9 +152,7 @@ def _applied(tmp_path, spec=hb.BuildSpec(frameworks=("torch",)), base=None, **ch
 def test_gcc_13_gets_the_missing_includes_and_gcc_14_the_flatbuffers_fix(tmp_path, compiler_id, version, includes,
                                                                            patch):
     import dataclasses
-    header = tmp_path / "src" / wa.FLATBUFFERS_SPAN
-    header.parent.mkdir(parents=True)
-    header.write_text("  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=(...)\n  const size_type count_;\n")
+    header = _stand_in(tmp_path / "src") / hp.FLATBUFFERS_SPAN
     env, applied = hb.build_env(hb.BuildSpec(frameworks=("torch",)), tmp_path, {},
                                 dataclasses.replace(TOOLCHAIN, compiler_id=compiler_id, compiler_version=version),
                                 source=tmp_path / "src")
@@ -110,7 +164,8 @@ def test_gcc_13_gets_the_missing_includes_and_gcc_14_the_flatbuffers_fix(tmp_pat
 
 def test_the_source_patches_match_horovods_own_files(tmp_path):
     """The patched lines are in Horovod 0.28.1's sdist (pip's download; skipped without an index):
-    flatbuffers' span, and the three ops that log their name after queueing it (MXNet frees it)."""
+    flatbuffers' span, the three ops that log their name after queueing it (MXNet frees it), the Keras 3
+    API, the controllers recorded for horovodrun; each patched Python file still compiles."""
     import tarfile
     proc = __import__("subprocess").run([__import__("sys").executable, "-m", "pip", "download", "--no-deps",
                                          "--no-binary", "horovod", "-q", "-d", str(tmp_path), "horovod==0.28.1"],
@@ -119,13 +174,22 @@ def test_the_source_patches_match_horovods_own_files(tmp_path):
         pytest.skip("no package index to download Horovod's sdist from")
     source = hb._unpack(str(next(tmp_path.glob("horovod-*.tar.gz"))), tmp_path / "work")
     build = wa.Build(hb.BuildSpec(), TOOLCHAIN, tmp_path, {}, source)
-    wa._flatbuffers_span(build)
-    assert "  size_type count_;" in (source / wa.FLATBUFFERS_SPAN).read_text().splitlines()
-    wa._enqueued_name_copy(build)
-    ops = (source / wa.OPERATIONS_CC).read_text()
+    rows = [w for w in wa.WORKAROUNDS if w.edits]
+    assert {w.name for w in rows} == {"gcc14-flatbuffers", "mxnet-enqueue-name", "keras3-api", "launcher-no-framework"}
+    for w in rows:
+        w.run(build)
+    assert "  size_type count_;" in (source / hp.FLATBUFFERS_SPAN).read_text().splitlines()
+    ops = (source / hp.OPERATIONS_CC).read_text()
     assert ops.count('<< "Enqueued " << enqueued_name;') == 3 and '<< "Enqueued " << name;' not in ops
-    with pytest.raises(ToolkitError, match="mxnet-enqueue-name: horovod/common/operations.cc is not the file"):
-        wa._enqueued_name_copy(build)           # applied twice (or another Horovod): refused, not half-done
+    for path in sorted({e.path for w in rows for e in w.edits if e.path.endswith(".py")}):
+        compile((source / path).read_text(), path, "exec")
+        assert ".ref()" not in re.sub(r"\)\.ref\(\)", "", (source / path).read_text()), path
+    assert '"${_toolkit_name}_built\\": true' in (source / "CMakeLists.txt").read_text()
+    for w in rows:                              # applied twice (or another Horovod): refused, not half-done
+        util = (source / "horovod/common/util.py").read_text()
+        with pytest.raises(ToolkitError, match=f"{w.name}: .* is not the file it patches"):
+            w.run(build)
+        assert (source / "horovod/common/util.py").read_text() == util
 
 
 def test_cmake_4_gets_the_policy_variable_unless_it_is_set(tmp_path):

@@ -93,14 +93,24 @@ def framework_versions(frameworks) -> dict[str, str]:
 
 def cache_key(spec: BuildSpec, versions: dict[str, str]) -> str:
     """Readable and unique: Horovod, Python, every framework version, the operations, the workarounds
-    that change the built code (in_key), extra flags."""
+    that change the built code (in_key: their names, and a hash of their edits, so that a changed patch
+    set is a new key and a new build, never a cached wheel without it), extra flags."""
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     fws = "-".join(versions[f].replace("==", "") for f in sorted(versions))
     ops = spec.operations
     ctl = "+".join(spec.controllers)
-    patched = "+".join(w.name for w in WORKAROUNDS if w.in_key and w.applies(Build(spec, None, Path(), {})))
     extra = hashlib.sha256("\n".join(spec.extra_env).encode()).hexdigest()[:8] if spec.extra_env else ""
-    return "_".join(p for p in (f"horovod{pins.HOROVOD}", py, fws, ops, ctl, patched, extra) if p)
+    return "_".join(p for p in (f"horovod{pins.HOROVOD}", py, fws, ops, ctl, patches_key(spec), extra) if p)
+
+
+def patches_key(spec: BuildSpec) -> str:
+    """The cache key's part for the rows that change the built code: their names and a hash of their
+    edits ("" when none applies)."""
+    rows = [w for w in WORKAROUNDS if w.in_key and w.applies(Build(spec, None, Path(), {}))]
+    if not rows:
+        return ""
+    digest = hashlib.sha256(repr([(w.name, w.edits) for w in rows]).encode()).hexdigest()[:8]
+    return "+".join(w.name for w in rows) + "-" + digest
 
 
 def cache_dir() -> Path:
@@ -131,7 +141,7 @@ def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str],
     applied = []
     for w in WORKAROUNDS:
         if w.applies(build):
-            w.apply(build)
+            w.run(build)
             applied.append(w.name)
     for item in spec.extra_env:      # ... and wins over them
         key, value = item.split("=", 1)

@@ -4,8 +4,10 @@ of what it was built against into DIR/<key>/; `toolkit setup --wheelhouse DIR` (
 refuses anything else in one line naming what differs. Stdlib only.
 
 The key (horovod_build.cache_key) already holds Horovod, Python, every framework's version, the
-operations (CPU or NCCL) and the controllers; the manifest adds what the key cannot show and a node
-must still have: the C library, MPI, the NCCL a pip-NCCL build loads at run time.
+operations (CPU or NCCL), the controllers and the source patches (their rows' names and a hash of
+their edits: a wheel exported by a toolkit with other patches is refused); the manifest adds what the
+key cannot show and a node must still have: the C library, MPI, the NCCL a pip-NCCL build loads at
+run time.
 """
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ def differences(data: dict, key: str, versions: dict[str, str], spec) -> list[st
     if data.get("controllers") != spec.controllers:
         out.append(f"controllers {'+'.join(data.get('controllers', []))} (this asks for {'+'.join(spec.controllers)})")
     if not out and data.get("key") != key:
-        out.append(f"build options ({data.get('key')} vs {key})")
+        out.append(f"other build options or source patches ({data.get('key')} vs {key})")
     return out
 
 

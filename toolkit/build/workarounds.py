@@ -1,7 +1,9 @@
 """The workaround table: one row per error the stock Horovod 0.28.1 build stops with on today's
-frameworks and toolchains, with when it applies (judged from the detected toolchain,
-toolkit/build/toolchain.py) and what fixes it. toolkit/build/horovod.py applies the rows that
-apply; `toolkit build-horovod --explain` prints the table for this machine. Stdlib only.
+frameworks and toolchains (or that the built Horovod then hits at run time), with when it applies
+(judged from the detected toolchain, toolkit/build/toolchain.py) and what fixes it: the build's
+environment and flags here, the rows' edits of Horovod's sources in toolkit/build/horovod_patches.py.
+toolkit/build/horovod.py applies the rows that apply; `toolkit build-horovod --explain` prints the
+table for this machine. Stdlib only.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from toolkit.build import pins, toolchain as toolchain_mod
+from toolkit.build import horovod_patches as patches
 from toolkit.errors import ToolkitError
 
 if TYPE_CHECKING:
@@ -85,11 +88,19 @@ class Workaround:
     name: str
     fixes: str                                   # the error the stock build stops with
     applies: Callable[[Build], bool]
-    apply: Callable[[Build], None]
+    apply: Callable[[Build], None] | None        # the environment and flags (None: a row of edits alone)
     when: str                                    # `applies` in words
-    # Changes what the built code does (not only whether it compiles): the cache key names it, so a
-    # wheel built without it is never reused. Such a row's `applies` reads b.spec alone.
+    # Changes what the built code does (not only whether it compiles): the cache key names it and hashes
+    # its edits, so a wheel built without it, or with other edits, is never reused. Such a row's
+    # `applies` reads b.spec alone.
     in_key: bool = False
+    edits: tuple[patches.Edit, ...] = ()         # its patches to the unpacked sdist (horovod_patches.py)
+
+    def run(self, b: Build) -> None:
+        if self.edits and b.source is not None:   # no sdist: the environment alone (build_env's tests, --explain)
+            patches.apply_edits(b.source, self.name, self.edits)
+        if self.apply is not None:
+            self.apply(b)
 
 
 def _cxx_launcher(b: Build) -> None:
@@ -127,46 +138,6 @@ def _nccl_from_pip(b: Build) -> None:
     links.mkdir(exist_ok=True)
     (links / "libnccl.so").symlink_to(Path(nccl.lib) / "libnccl.so.2")
     b.env.update(HOROVOD_NCCL_INCLUDE=nccl.include, HOROVOD_NCCL_LIB=str(links), HOROVOD_NCCL_LINK="SHARED")
-
-
-FLATBUFFERS_SPAN = "third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
-
-
-def _flatbuffers_span(b: Build) -> None:
-    """flatbuffers' own fix (google/flatbuffers#7227): span::count_ not const, as its operator= assigns it."""
-    header = b.source / FLATBUFFERS_SPAN
-    text = header.read_text()
-    if "  const size_type count_;" not in text:
-        raise ToolkitError(f"build-horovod: gcc14-flatbuffers: {FLATBUFFERS_SPAN} is not the header it patches "
-                           f"(Horovod {pins.HOROVOD}'s); drop the row or update it")
-    header.write_text(text.replace("  const size_type count_;", "  size_type count_;", 1))
-
-
-OPERATIONS_CC = "horovod/common/operations.cc"
-# Broadcast, alltoall and join log the op's name after queueing it. `name` is a reference into the
-# caller's op; MXNet's binding frees that op (DeleteMpiOpsParam) as soon as Horovod's background thread
-# finishes it, which under load can come first: the log line then copies freed memory (SIGSEGV in
-# EnqueueTensorBroadcast, std::__ostream_insert). Log a copy taken before the op is queued.
-_ENQUEUED_LOG = """  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
-  if (status.ok()) {
-    LOG(TRACE, horovod_global.global_controller->GetRank())
-        << "Enqueued " << name;
-  }"""
-_ENQUEUED_LOG_FIXED = """  const std::string enqueued_name = name;   // toolkit: `name` may be freed once the op is queued
-  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
-  if (status.ok()) {
-    LOG(TRACE, horovod_global.global_controller->GetRank())
-        << "Enqueued " << enqueued_name;
-  }"""
-
-
-def _enqueued_name_copy(b: Build) -> None:
-    source = b.source / OPERATIONS_CC
-    text = source.read_text()
-    if text.count(_ENQUEUED_LOG) != 3:
-        raise ToolkitError(f"build-horovod: mxnet-enqueue-name: {OPERATIONS_CC} is not the file it patches "
-                           f"(Horovod {pins.HOROVOD}'s: 3 ops log the name after queueing); drop the row or update it")
-    source.write_text(text.replace(_ENQUEUED_LOG, _ENQUEUED_LOG_FIXED))
 
 
 def _cuda_home(b: Build) -> None:
@@ -222,15 +193,32 @@ WORKAROUNDS: tuple[Workaround, ...] = (
                "the C++ compiler is GCC >= 13"),
     Workaround("gcc14-flatbuffers", "GCC >= 14: `third_party/flatbuffers/include/flatbuffers/stl_emulation.h:"
                "549:12: error: assignment of read-only member 'flatbuffers::span<T, Extent>::count_'`",
-               lambda b: _gcc_at_least(b, 14), _flatbuffers_span,
-               "the C++ compiler is GCC >= 14 (patches the sdist's bundled flatbuffers header as upstream did)"),
+               lambda b: _gcc_at_least(b, 14), None,
+               "the C++ compiler is GCC >= 14 (patches the sdist's bundled flatbuffers header as upstream did)",
+               edits=patches.FLATBUFFERS_EDITS),
     Workaround("mxnet-enqueue-name", "MXNet, rarely and under load: `Segmentation fault: 11` in a rank (SIGSEGV in "
                "`horovod::common::EnqueueTensorBroadcast` -> `std::__ostream_insert`, then `terminate called "
                "without an active exception`): the trace log after queueing a broadcast reads the op's name, "
                "which MXNet's binding frees as soon as the op is done",
-               lambda b: "mxnet" in b.spec.frameworks, _enqueued_name_copy,
+               lambda b: "mxnet" in b.spec.frameworks, None,
                "mxnet (patches horovod/common/operations.cc: the name is copied before the op is queued; "
-               "named in the cache key)", in_key=True),
+               "named in the cache key)", in_key=True, edits=patches.ENQUEUED_NAME_EDITS),
+    Workaround("keras3-api", "TensorFlow >= 2.16 (Keras 3): `AttributeError: 'Variable' object has no attribute "
+               "'ref'` in `hvd.DistributedGradientTape` (horovod#4290), then `'SymbolicTensor' object has no "
+               "attribute 'assign'` in `hvd.broadcast_variables`, `'list' object is not callable` "
+               "(`optimizer.variables()`), `keras.backend` has no `constant`; `hvd.DistributedOptimizer` on a "
+               "Keras 3 optimizer never allreduces (Keras 3 applies gradients in `apply()`)",
+               lambda b: "tensorflow" in b.spec.frameworks, None,
+               "tensorflow (patches horovod/tensorflow and horovod/_keras; backward_passes_per_step > 1 on a "
+               "Keras 3 optimizer is refused in one line; named in the cache key)",
+               in_key=True, edits=patches.KERAS3_EDITS),
+    Workaround("launcher-no-framework", "every `horovodrun` job: TensorFlow's C++ start-up lines (`WARNING: All log "
+               "messages before absl::InitializeLog()`, cpu_feature_guard) from the launcher itself, and "
+               "TensorFlow's import before any rank starts, even for a torch job: horovodrun asks which "
+               "controllers were built by importing a framework extension, TensorFlow first",
+               lambda b: True, None,
+               "always (the build records MPI and Gloo in horovod/metadata.json, horovodrun reads them there; "
+               "named in the cache key)", in_key=True, edits=patches.LAUNCHER_EDITS),
     Workaround("cmake4-policy", "CMake >= 4: `third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required): "
                "Compatibility with CMake < 3.5 has been removed from CMake.`",
                lambda b: b.toolchain.cmake_version[:1] >= (4,) and "CMAKE_POLICY_VERSION_MINIMUM" not in b.env,
