@@ -138,6 +138,14 @@ def test_documented_command_runs_as_written(argv, tmp_path):
                           env=clean_env(HOME=str(tmp_path), IMAGE="toolkit:gpu"), cwd=tmp_path)
     assert proc.returncode == 0, (f"{where} failed ({shlex.quote(argv)}; as written: {command}):\n"
                                   f"STDOUT:\n{proc.stdout[-2000:]}\nSTDERR:\n{proc.stderr[-3000:]}")
+    if argv.startswith("horovodrun") and not re.search(r"keras|tensorflow", argv):
+        # a torch or MXNet job under plain horovodrun: no TensorFlow start-up lines (its launcher imported
+        # TensorFlow and printed them, issue 33)
+        noise = TENSORFLOW_LINES.findall(proc.stderr)
+        assert not noise, f"{where}: TensorFlow's start-up lines on stderr: {noise}"
+
+
+TENSORFLOW_LINES = re.compile(r".*(?:absl::InitializeLog|cpu_feature_guard|oneDNN custom operations).*")
 
 
 def slug(heading: str) -> str:

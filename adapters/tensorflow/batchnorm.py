@@ -3,8 +3,9 @@
 Under TensorFlow's strategies Keras has its own: `BatchNormalization(synchronized=True)` all-reduces
 the moments in the strategy's replica context, and `synchronize(model)` below turns it on. Under
 Horovod there is no replica context (Keras's synchronized moments fall back to the local batch), and
-Horovod's `hvd.SyncBatchNormalization` is written against tf.keras 2 (horovod#4290), so Keras 3's
-layer gets the moments from one Horovod allreduce: each rank's per-channel sum, sum of squares and
+Horovod's `hvd.SyncBatchNormalization` was written against tf.keras 2 (horovod#4290; the toolkit's
+build patches it for Keras 3, row keras3-api), and this module keeps its own allreduce of sums so
+that masks and accumulation work: Keras 3's layer gets the moments from one Horovod allreduce: each rank's per-channel sum, sum of squares and
 count, added over the ranks (Horovod's allreduce has a gradient, so the backward pass is the union's
 too). The layer's own code then normalises and updates its moving statistics as for one large batch.
 """
