@@ -188,6 +188,11 @@ class Session(TensorWork):
             raise ToolkitError(f"session.setup() of a second model with {what}: several models train on Horovod's "
                                "own reduce only (compression none/fp16, sync every_step, elastic false)")
 
+    @property
+    def part_index(self) -> int:
+        """Which setup() call made the part the verbs act on now (0: the first model)."""
+        return self.parts.index(self._part)
+
     @contextlib.contextmanager
     def _using(self, part: Part):
         """The verbs act on `part` inside this block."""

@@ -16,6 +16,10 @@ from toolkit.run.data import arrays_length, map_structure
 from toolkit.errors import ToolkitError
 
 
+# The readers' options that choose which samples form a batch: the session's sampler decides that.
+_SESSIONS_OWN = {"batch_size", "shuffle", "sampler", "batch_sampler", "last_batch", "drop_last"}
+
+
 class TensorWork(abc.ABC):
     config: object
     strategy: object
@@ -90,6 +94,10 @@ class TensorWork(abc.ABC):
         indexed here, the framework's dataset read by its own reader with the `reader` options (a
         stream such as tf.data follows `sampler`'s epoch, position and shard)."""
         if arrays_length(data) is None:
+            if refused := sorted(_SESSIONS_OWN & set(reader)):
+                raise ToolkitError(f"session.loader(dataset, {', '.join(refused)}=...): which samples make a batch is "
+                                   "the session's (batch_size=, shuffle= of session.loader); give the reader's other "
+                                   "options (collate_fn, batchify_fn, num_workers, ...)")
             return self._dataset_batches(data, plan, sampler, **reader)
         if reader:
             raise ToolkitError(f"session.loader(numpy arrays, {', '.join(reader)}=...): reader options are for "

@@ -276,7 +276,7 @@ MUTANTS = [
            ("tests/test_schedule_data.py::test_step_schedule_multiplies_by_gamma_every_lr_step_epochs",)),
     # issue 33: a user's own torch code (tests/user_torch.py)
     Mutant("gan-names-collide", "two models train in one session (a GAN): their allreduces are told apart",
-           (("adapters/torch/strategies/horovod.py", '        prefix = f"model{index}." if index else ""', '        prefix = ""'),),
+           (("adapters/torch/strategies/horovod.py", '        prefix = f"model{session.part_index}." if session.part_index else ""', '        prefix = ""'),),
            ("tests/test_usercode.py::test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly",)),
     Mutant("gan-stray-gradients", "a backward pass for one model leaves no pending reduction in another",
            (("adapters/torch/strategies/horovod.py", "        if not self.exchange and session.optimizer._handles:\n"

@@ -109,10 +109,6 @@ class MxnetSession(DeferredShapes, Session):
         """Gluon's DataLoader over the plan's batches, each as it yields it (a list for samples of any
         number of fields, a dict for dict samples) with its arrays on this rank's device; `reader`:
         the user's DataLoader options (batchify_fn, num_workers, ...), over the config's."""
-        if refused := sorted({"batch_size", "shuffle", "sampler", "batch_sampler", "last_batch"} & set(reader)):
-            raise ToolkitError(f"session.loader(dataset, {', '.join(refused)}=...): batch_size, shuffle and the "
-                               "sampler are the session's (batch_size=, shuffle= of session.loader); give the other "
-                               "DataLoader options (batchify_fn, num_workers, ...)")
         options = {"num_workers": self.config.loader_workers, **reader}
         if options.get("batchify_fn") is None:
             options["batchify_fn"] = _with_dicts(gluon.data.dataloader.default_mp_batchify_fn

@@ -86,9 +86,6 @@ class TorchSession(Session):
     def _dataset_batches(self, data, plan, sampler, **reader):
         """torch's DataLoader over the plan's batches; `reader`: the user's DataLoader options
         (collate_fn, num_workers, pin_memory, ...), over the config's defaults."""
-        if "batch_size" in reader or "sampler" in reader or "batch_sampler" in reader or "shuffle" in reader:
-            raise ToolkitError("session.loader(dataset, ...): batch_size, shuffle and the sampler are the "
-                               "session's (batch_size=, shuffle= of session.loader); give the other DataLoader options")
         options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda", **reader}
         batches = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
         for batch in batches:

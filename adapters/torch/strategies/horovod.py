@@ -52,8 +52,7 @@ class TorchHorovod(HorovodStrategy):
         compression, op = self.reduction()
         # Horovod names each gradient's allreduce after its parameter: a second model's names are
         # prefixed, or a GAN's generator and discriminator ("0.weight" both) would collide in flight.
-        index = session.parts.index(session._part)
-        prefix = f"model{index}." if index else ""
+        prefix = f"model{session.part_index}." if session.part_index else ""
         session.optimizer = self.hvd.DistributedOptimizer(
             session.optimizer, named_parameters=[(prefix + n, p) for n, p in session.model.named_parameters()],
             compression=compression, backward_passes_per_step=self.config.accumulation_steps, op=op)
