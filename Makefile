@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 TOOLKIT_REQUIRE_MULTIHOST ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 export TOOLKIT_REQUIRE_MULTIHOST
 
-.PHONY: setup demo test matrix
+.PHONY: setup demo test matrix support
 setup:
 	$(PYTHON) -m toolkit setup --venv $(VENV)
 
@@ -28,3 +28,9 @@ test: setup
 # containers (buildah, debootstrap bases). Root, buildah and debootstrap; about 10 min a row on 2 cores.
 matrix:
 	bash docker/matrix.sh
+
+# The support table (docs/INSTALL.md): the toolkit's wheel installed into a fresh virtualenv per
+# framework version and Python (toolkit/build/support.py), Horovod built there, 2 ranks trained.
+# About 10 minutes a row that compiles Horovod on 2 cores; not part of `make test` (one row is).
+support: setup
+	$(BIN)/python -m benchmarks.support_matrix --write-docs

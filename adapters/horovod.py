@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from toolkit.adapters.strategy import Strategy
+from toolkit.build import support
 from toolkit.errors import ToolkitError
 from toolkit.launch.launcher import tuning_env
 
@@ -23,10 +24,10 @@ def import_horovod(module: str, framework: str):
         text = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         if "has not been built" in text or "mpi_lib" in text:
             raise ToolkitError(f"Horovod was built without {framework} support ({text}); rebuild it "
-                               f"with `toolkit build-horovod --frameworks {framework}` (or `make setup`)") from None
+                               f"with {support.fix(f'toolkit build-horovod --frameworks {framework}')}") from None
         if getattr(e, "name", None) == "horovod":
-            raise ToolkitError("Horovod is not installed in this Python; run `make setup` "
-                               "(or `toolkit build-horovod`)") from None
+            raise ToolkitError(f"Horovod is not installed in this Python; build it with "
+                               f"{support.fix(f'toolkit build-horovod --frameworks {framework}')}") from None
         raise ToolkitError(f"cannot import {module}: {text}; run `toolkit doctor` for the fix") from None
 
 

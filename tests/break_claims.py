@@ -35,6 +35,7 @@ A, N = "tests/test_api.py", "tests/test_numerics.py"
 W = "tests/test_workloads.py"
 TU = "tests/test_tf_usercode.py"
 MU = "tests/test_mxnet_usercode.py"
+I = "tests/test_install.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/run/pipeline.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -412,6 +413,30 @@ MUTANTS = [
            (('toolkit/build/workarounds.py', '               in_key=True, edits=patches.KERAS3_EDITS),',
              '               edits=patches.KERAS3_EDITS),'),),
            ('tests/test_horovod_build.py::test_the_installed_horovod_carries_todays_patches',)),
+    # Installing into a user's environment (issue 34): tests/test_install.py
+    Mutant('dist-named-toolkit', "the distribution is not the index's unrelated `toolkit`",
+           (('pyproject.toml', 'name = "horovod-toolkit"', 'name = "toolkit"'),),
+           (f"{I}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
+    Mutant('runtime-requirement-dropped', "the package declares Horovod's run-time requirements",
+           (('pyproject.toml', '"psutil>=5.9", ', ''),),
+           (f"{I}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
+    Mutant('build-every-framework', 'build-horovod builds for the frameworks installed, not all three',
+           (('toolkit/commands/build_horovod.py', '        frameworks = tuple(found)', '        frameworks = ("torch", "tensorflow", "mxnet")'),),
+           (f"{I}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
+    Mutant('runtime-not-installed', "build-horovod installs what Horovod imports at run time when it is missing",
+           (('toolkit/build/horovod.py', '    absent = support.missing(support.HOROVOD_RUNTIME + support.HOROVOD_BUILD)', '    absent = []'),),
+           (f"{I}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
+    Mutant('doctor-checks-all', 'doctor --framework F checks F only',
+           (('toolkit/build/doctor.py', '    wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]',
+             '    wanted = list(pins.HOROVOD_FRAMEWORKS)'),),
+           (f"{I}::test_uv_installs_the_wheel_and_its_commands_run",)),
+    Mutant('make-setup-everywhere', '`make setup` is a fix only in a checkout',
+           (('toolkit/build/support.py', '    return f"`{command}`" + (" (or `make setup`)" if in_checkout() else "")',
+             '    return f"`{command}` (or `make setup`)"'),),
+           (f"{I}::test_fixes_name_make_setup_only_in_a_checkout", f"{I}::test_uv_installs_the_wheel_and_its_commands_run")),
+    Mutant('outside-table-silent', 'a version outside the support table is said in one line',
+           (('toolkit/build/support.py', '    if base in tested(framework):', '    if True:'),),
+           (f"{I}::test_a_version_outside_the_table_is_one_line_and_the_local_label_is_ignored",)),
 ]
 
 

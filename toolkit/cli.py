@@ -48,10 +48,21 @@ class CommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
+def version() -> str:
+    """`horovod-toolkit 0.2.0 (builds Horovod 0.28.1; Python 3.11.7 at /usr/bin/python3.11)`: the
+    distribution's name and version, the Horovod it builds, the Python; no framework imported."""
+    from toolkit import __version__
+    from toolkit.build import pins, support
+
+    return (f"{support.DISTRIBUTION} {__version__} (builds Horovod {pins.HOROVOD}; "
+            f"Python {sys.version.split()[0]} at {sys.executable})")
+
+
 def parser() -> argparse.ArgumentParser:
     p = CommandParser(prog="toolkit", description="Horovod that works today: "
                       "data-parallel training for PyTorch, TensorFlow/Keras 3 and MXNet.",
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)

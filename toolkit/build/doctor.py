@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from toolkit import registry
-from toolkit.build import horovod as horovod_build, pins
+from toolkit.build import horovod as horovod_build, pins, support
 
 _PROBE = r"""
 import json, sys
@@ -117,45 +117,81 @@ def _setup_frameworks() -> list[str] | None:
     return lines[1].split(",") if len(lines) > 1 else None
 
 
+def _check_versions(fw: str, chosen: list[str] | None) -> None:
+    """The installed versions of `fw`'s distributions: against the pins in `make setup`'s virtualenv (its
+    stamp names the frameworks it installed), else against the support table (toolkit/build/support.py)."""
+    if chosen is not None:          # `make setup`'s virtualenv: the pins are the promise
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        for name in pins.FRAMEWORK_DISTRIBUTIONS[fw]:
+            want = {**pins.FRAMEWORKS, **pins.NO_DEPS}[name]
+            have = _dist_version(name)
+            ok = have is not None and have.split("+")[0] == want
+            if not ok and not pins.wanted(name, chosen):
+                _line("info", name, f"{have or 'not installed'}: setup left it out on Python {py} (no wheels; "
+                                    f"this virtualenv has {', '.join(chosen)})")
+                continue
+            _line("ok" if ok else "warn", name, have or "not installed",
+                  "" if ok else f"pinned {name}=={want}: {support.fix(support.pip(f'{name}=={want}'))}")
+        return
+    have = support.installed(fw)
+    if have is None:
+        _line("FAIL", fw, "not installed", support.install_fix(*pins.framework_requirements(fw)))
+        return
+    note = support.outside(fw, have)
+    _line("warn" if note else "ok", fw, f"{have}" + (f": {note}; the build is still tried" if note else
+                                                      " (in the support table, docs/INSTALL.md)"))
+    if fw == "tensorflow":
+        keras = ", ".join(f"{d} {v}" for d in ("keras", "tf-keras") if (v := _dist_version(d)))
+        _line("info", "  keras", keras or "none installed",
+              "" if keras else support.install_fix("keras"))
+
+
+def _check_runtime(wanted: list[str]) -> None:
+    """What Horovod imports at run time (its setup.py's install_requires; cffi for torch)."""
+    names = [n for n in support.HOROVOD_RUNTIME if n != "cffi" or "torch" in wanted]
+    absent = support.missing(names)
+    _line("FAIL" if absent else "ok", "horovod's runtime",
+          f"missing {', '.join(absent)}" if absent else ", ".join(f"{n} {_dist_version(n)}" for n in names),
+          f"{support.pip(*support.pinned(*absent))} (`toolkit build-horovod` installs them too)" if absent else "")
+
+
 def report(framework: str) -> int:
-    """Print every check and the frameworks that can train; return 1 if `framework` (or, for
-    `all`, any of them) cannot train here, else 0."""
+    """Print the checks of `framework` (`all`: every one) and which of them can train; return 1 if one it
+    asked for cannot train here, else 0. Nothing about a framework that was not asked for."""
     if framework != ALL:
         registry.spec(framework)   # an unknown name fails now, not after the probes
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    _line("ok" if py == pins.PYTHON else "warn", "python", f"{sys.version.split()[0]} ({sys.executable})",
-          "" if py == pins.PYTHON else f"the toolkit pins Python {pins.PYTHON}")
+    wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]
     chosen = _setup_frameworks()
-    for name, want in {**pins.FRAMEWORKS, **pins.NO_DEPS}.items():
-        have = _dist_version(name)
-        ok = have is not None and have.split("+")[0] == want
-        if not ok and chosen is not None and not pins.wanted(name, chosen):
-            _line("info", name, f"{have or 'not installed'}: setup left it out on Python {py} (no wheels; "
-                                f"this virtualenv has {', '.join(chosen)})")
-            continue
-        _line("ok" if ok else "warn", name, have or "not installed",
-              "" if ok else f"pinned {name}=={want}: run `make setup`")
+    note = support.python_outside() if chosen is None else ""
+    _line("warn" if note else "ok", "python", f"{sys.version.split()[0]} ({sys.executable})", note)
+    for fw in wanted:
+        _check_versions(fw, chosen)
+    _check_runtime(wanted)
 
     mpirun = shutil.which("mpirun")
     if mpirun:
         version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout.splitlines()
         _line("ok", "mpi", version[0] if version else mpirun)
     else:
-        _line("FAIL", "mpi", "mpirun not found", f"apt-get install {' '.join(pins.APT_PACKAGES)}")
+        _line("warn", "mpi", "mpirun not found: `horovodrun --gloo` runs without it; mpirun, Horovod's MPI "
+                             "controller and the parameter server need Open MPI",
+              f"apt-get install {' '.join(pins.APT_PACKAGES)}")
     m4 = _dist_version("mpi4py")
-    _line("ok" if m4 else "warn", "mpi4py", m4 or "not installed", "" if m4 else "run `make setup`")
+    _line("ok" if m4 else "info", "mpi4py", m4 or "not installed (only sync: ssp/async_ps needs it)",
+          "" if m4 else support.install_fix("mpi4py"))
     if mpirun and m4:
         _check_mpi(mpirun, version[0] if version else "")
 
     hvd = _dist_version("horovod")
     key = horovod_build.installed_key()
     _line("ok" if hvd else "FAIL", "horovod", f"{hvd or 'not installed'}" + (f" (build {key})" if key else ""),
-          "" if hvd else "run `toolkit build-horovod` (or `make setup`)")
+          "" if hvd else support.fix(f"toolkit build-horovod --frameworks {','.join(wanted)}"))
 
     _check_toolchain()
 
     usable = {}
-    for fw, (_, module, ext) in pins.HOROVOD_FRAMEWORKS.items():
+    for fw in wanted:
+        _, module, ext = pins.HOROVOD_FRAMEWORKS[fw]
         proc = subprocess.run([sys.executable, "-c", _PROBE, module, ext], capture_output=True, text=True,
                               timeout=300)
         try:
@@ -163,7 +199,7 @@ def report(framework: str) -> int:
         except (IndexError, ValueError):
             probe = {"error": (proc.stderr.strip().splitlines() or ["probe crashed"])[-1]}
         if "error" in probe:
-            _line("FAIL", f"{fw}", probe["error"], "run `make setup`")
+            _line("FAIL", f"{fw}", probe["error"], support.install_fix(*pins.framework_requirements(fw)))
             usable[fw] = False
             continue
         _line("ok", fw, f"{probe['version']}, {probe['gpus']} GPU(s)")
@@ -187,8 +223,7 @@ def report(framework: str) -> int:
     else:
         _line("info", "gpus", "no nvidia-smi: CPU only (every adapter falls back to CPU)")
 
-    ready = [fw for fw in pins.HOROVOD_FRAMEWORKS if usable.get(fw) and registry.is_available(fw)]
-    wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]
+    ready = [fw for fw in wanted if usable.get(fw) and registry.is_available(fw)]
     missing = [fw for fw in wanted if fw not in ready]
     print(f"\nready: {', '.join(ready) or 'no framework'}" +
           (f"; NOT READY: {', '.join(missing)} cannot train here; apply the fixes above" if missing else ""))

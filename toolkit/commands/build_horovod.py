@@ -8,8 +8,8 @@ def register(sub) -> None:
                        description="Builds Horovod from its sdist with the workarounds today's frameworks "
                                    "need, verifies each extension imports, and caches the wheel under "
                                    "~/.cache/toolkit/horovod/<key> (TOOLKIT_CACHE_DIR to move it).")
-    p.add_argument("--frameworks", default="torch,tensorflow,mxnet",
-                   help="comma-separated subset of torch,tensorflow,mxnet (default: all three)")
+    p.add_argument("--frameworks", default=None,
+                   help="comma-separated subset of torch,tensorflow,mxnet (default: every one installed here)")
     p.add_argument("--gpu", action="store_true", help="GPU operations through NCCL (HOROVOD_GPU_OPERATIONS=NCCL)")
     p.add_argument("--no-mpi", action="store_true", help="build without the MPI controller")
     p.add_argument("--no-gloo", action="store_true", help="build without the Gloo controller")
@@ -31,13 +31,22 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit.build import horovod as horovod_build
+    import sys
 
-    from toolkit.build import toolchain
+    from toolkit.build import horovod as horovod_build, support, toolchain
     from toolkit.errors import ToolkitError
 
+    if args.frameworks is None:
+        found = support.found()
+        if not found:
+            raise ToolkitError(f"build-horovod: no framework installed in {sys.prefix} (torch, tensorflow, mxnet); "
+                               f"install one first (e.g. `{support.pip('torch')}`) or name them with --frameworks")
+        print("horovod: frameworks found here: " + ", ".join(f"{fw} {v}" for fw, v in found.items()))
+        frameworks = tuple(found)
+    else:
+        frameworks = tuple(f.strip() for f in args.frameworks.split(",") if f.strip())
     spec = horovod_build.BuildSpec(
-        frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
+        frameworks=frameworks,
         gpu=args.gpu, mpi=not args.no_mpi, gloo=not args.no_gloo, extra_env=tuple(args.env),
         cuda_arch=args.cuda_arch)
     if args.explain:

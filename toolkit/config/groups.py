@@ -51,8 +51,8 @@ class LaunchConfig:
     log_dir: Optional[str] = _f(None, "rank 0 appends per-epoch metrics to metrics.jsonl and TensorBoard event "
                                       "files here (`tensorboard --logdir DIR`)")
     wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
-                                            "(needs `pip install wandb`; `make setup` installs the pinned client for the "
-                                            "tests, which run it offline; unset = {unset})", unset="off")
+                                            "(needs `pip install wandb`, the extra horovod-toolkit[wandb]; `make setup` installs the pinned "
+                                            "client for the tests, which run it offline; unset = {unset})", unset="off")
     uneven_data: Optional[str] = _f(None, "give ranks different amounts of data, for tests and benchmarks: "
                                           "`RANK:FRACTION[,...]` trains that rank on FRACTION of its batches "
                                           "each epoch; it then joins (hvd.join) while the others finish")

@@ -234,7 +234,9 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
     check_hosts(spec)
     argv, env = command_line(spec, environ)
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:
-        fix = "run `make setup`" if argv[0] == "horovodrun" else "install Open MPI (apt-get install openmpi-bin)"
+        from toolkit.build import support
+        fix = support.fix("toolkit build-horovod") if argv[0] == "horovodrun" else \
+            "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
     from toolkit.launch.output import Relay
 

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from toolkit.build import pins
+from toolkit.build import pins, support
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 
@@ -51,7 +51,7 @@ class MetricsLog:
                 SummaryWriter = _summary_writer()
             except ImportError:
                 raise ToolkitError("log_dir writes TensorBoard files with tensorboardX, which is not installed; "
-                                   f"run `make setup` (or pip install tensorboardX=={pins.TOOLS['tensorboardX']}), "
+                                   f"{support.install_fix('tensorboardX==' + pins.TOOLS['tensorboardX'])}, "
                                    "or drop log_dir") from None
             self.folder = Path(config.log_dir)
             self.writer = SummaryWriter(logdir=str(self.folder))

@@ -249,7 +249,8 @@ def _world():
     try:
         from mpi4py import MPI
     except ImportError:
-        raise ToolkitError("sync=async_ps/ssp needs mpi4py: run `make setup`") from None
+        from toolkit.build import support
+        raise ToolkitError(f"sync=async_ps/ssp needs mpi4py: {support.install_fix('mpi4py')}") from None
     world = MPI.COMM_WORLD
     if world.Get_size() == 1 and "HOROVOD_RANK" in os.environ:
         raise ToolkitError("sync=async_ps/ssp talks through MPI and this job was started over Gloo; launch with "
