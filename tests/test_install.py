@@ -60,6 +60,12 @@ def test_fixes_name_make_setup_only_in_a_checkout(monkeypatch, tmp_path):
     monkeypatch.setattr(support, "CHECKOUT", tmp_path)         # an installed wheel: no Makefile beside it
     assert support.fix("toolkit build-horovod") == "`toolkit build-horovod`"
     assert "make setup" not in support.install_fix("mpi4py") and "-m pip install mpi4py" in support.install_fix("mpi4py")
+    assert not support.source_tree()
+    # The Docker images copy pyproject.toml, README.md, toolkit/ and adapters/ (no Makefile) and run `toolkit
+    # setup` there: a source tree setup installs from, where `make setup` is no fix.
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "adapters").mkdir()
+    assert support.source_tree() and not support.in_checkout()
 
 
 def test_a_version_outside_the_table_is_one_line_and_the_local_label_is_ignored():

@@ -112,7 +112,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
     start = time.monotonic()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     from toolkit.build import support
-    if not support.in_checkout():
+    if not support.source_tree():
         raise ToolkitError("setup makes the repository's own virtualenv and runs from a checkout only; in this "
                            "environment install what you need with pip and build Horovod with `toolkit "
                            "build-horovod` (docs/INSTALL.md)")

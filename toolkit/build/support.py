@@ -104,6 +104,12 @@ def python_outside() -> str:
 CHECKOUT = Path(__file__).resolve().parents[2]     # the repository, when the toolkit runs from one
 
 
+def source_tree() -> bool:
+    """Whether this toolkit runs from its sources (pyproject.toml and adapters/ beside toolkit/: a checkout, or
+    the Docker images' copy of it), which `toolkit setup` installs from; an installed wheel has neither."""
+    return (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "adapters").is_dir()
+
+
 def in_checkout() -> bool:
     """Whether this toolkit runs from its repository with the Makefile (`make setup` is a fix there only):
     an installed wheel lives in site-packages, with no Makefile beside it."""
