@@ -78,8 +78,7 @@ def framework_versions(frameworks) -> dict[str, str]:
     """Installed distribution versions, read from metadata (no framework import)."""
     found = {}
     for fw in frameworks:
-        candidates = {"tensorflow": ("tensorflow-cpu", "tensorflow")}.get(fw, (pins.HOROVOD_FRAMEWORKS[fw][0],))
-        for dist in candidates:
+        for dist in support.DISTRIBUTIONS[fw]:
             try:
                 found[fw] = f"{dist}=={metadata.version(dist)}"
                 break
@@ -231,7 +230,8 @@ def _cached_manifest(folder: Path, spec: BuildSpec, versions: dict, key: str, wh
 def ensure_requirements(spec: BuildSpec, say=print) -> list[str]:
     """What Horovod imports at run time and what its build needs in this environment (support.HOROVOD_RUNTIME,
     HOROVOD_BUILD), installed at the pinned versions where missing (installed ones are left as they are);
-    for MXNet 1.9.1 on numpy >= 1.24 the `numpy.bool` shim. Returns what was installed."""
+    for MXNet the `numpy.bool` shim `make setup` installs too (lazy: it patches numpy only when mxnet is
+    imported, and only where numpy lacks `bool`). Returns what was installed."""
     if importlib.util.find_spec("pip") is None:
         raise ToolkitError(f"build-horovod: {sys.prefix} has no pip, which Horovod's build runs through; add it "
                            "(`uv pip install pip`, or make the environment with `uv venv --seed`)")
