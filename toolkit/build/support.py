@@ -54,6 +54,8 @@ SUPPORT = (
         keras=("keras3", "tf_keras")),
     Row("3.11", "mxnet", "1.9.1", ("mxnet==1.9.1", "numpy==1.26.4", _DATA)),
     Row("3.12", "torch", "2.14.1", ("torch==2.14.1", "numpy==1.26.4", _DATA), note="the CUDA 13 wheel, on the CPU"),
+    Row("3.12", "tensorflow", "2.21.0", ("tensorflow-cpu==2.21.0", _DATA), ("tf-keras==2.21.0",),
+        keras=("keras3", "tf_keras")),
     Row("3.12", "mxnet", "1.9.1", ("mxnet==1.9.1", "numpy==1.26.4", _DATA)),
 )
 
