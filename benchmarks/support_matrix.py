@@ -47,8 +47,8 @@ def find_python(version: str) -> str:
 def clean_env(venv: Path | None = None) -> dict:
     """This process's environment without the checkout's traces (PYTHONPATH, another virtualenv); `venv` first
     on PATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
-           and not k.startswith("TOOLKIT_") or k == "TOOLKIT_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k == "TOOLKIT_CACHE_DIR"
+           or (k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("TOOLKIT_"))}
     if venv is not None:
         env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
         env["VIRTUAL_ENV"] = str(venv)

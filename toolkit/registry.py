@@ -47,7 +47,6 @@ class Implementation:
 @dataclass(frozen=True)
 class AdapterSpec:
     package: str                # the framework's importable top-level package
-    requirements: str           # pins.FRAMEWORK_DISTRIBUTIONS' key: what a user who lacks it installs
     backends: dict[str, Implementation] = field(default_factory=dict)
     variants: dict[str, Implementation] = field(default_factory=dict)   # "backend/keras", when it differs
 
@@ -56,12 +55,12 @@ class AdapterSpec:
 
 
 _ADAPTERS: dict[str, AdapterSpec] = {
-    "torch": AdapterSpec("torch", "torch",
+    "torch": AdapterSpec("torch",
                          {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession",
                                                     "toolkit.adapters.torch.strategies.horovod:TorchHorovod",
                                                     elastic=True, join=True)}),
     "tensorflow": AdapterSpec(
-        "tensorflow", "tensorflow",
+        "tensorflow",
         {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession",
                                    "toolkit.adapters.tensorflow.strategies.horovod:TensorflowHorovod", elastic=True),
          "native": Implementation("toolkit.adapters.tensorflow.native:NativeSession",
@@ -83,7 +82,7 @@ _ADAPTERS: dict[str, AdapterSpec] = {
             models_refused={m: "the legacy tf-keras path builds the MLP only; the ResNets and the language "
                                "model run with keras: keras3" for m in ("resnet18", "resnet50", "transformer_lm")},
             sync_batchnorm="tf-keras's BatchNormalization is not synchronized here; use keras: keras3")}),
-    "mxnet": AdapterSpec("mxnet", "mxnet",
+    "mxnet": AdapterSpec("mxnet",
                          {"horovod": Implementation("toolkit.adapters.mxnet.session:MxnetSession",
                                                     "toolkit.adapters.mxnet.strategies.horovod:MxnetHorovod",
                                                     ops=("average", "sum"),
@@ -126,6 +125,6 @@ def load(name: str, backend: str = "horovod", keras: str = "keras3"):
     if not is_available(name):
         from toolkit.build import pins, support
         raise ToolkitError(f"framework={name!r} is not installed in this Python; install it: "
-                           f"{support.install_fix(*pins.framework_requirements(s.requirements))}")
+                           f"{support.install_fix(*pins.framework_requirements(name))}")
     implementation = s.implementation(backend, keras)
     return _import(implementation.session), _import(implementation.strategy)

@@ -5,7 +5,6 @@ import json
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from toolkit import registry
@@ -39,13 +38,6 @@ print(json.dumps(out))
 
 def _line(status: str, what: str, detail: str, fix: str = "") -> None:
     print(f"{status:5} {what:22} {detail}" + (f"\n      fix: {fix}" if fix else ""))
-
-
-def _dist_version(name: str):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 _MPI_PROBE = r"""
@@ -124,7 +116,7 @@ def _check_versions(fw: str, chosen: list[str] | None) -> None:
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
         for name in pins.FRAMEWORK_DISTRIBUTIONS[fw]:
             want = {**pins.FRAMEWORKS, **pins.NO_DEPS}[name]
-            have = _dist_version(name)
+            have = support.version(name)
             ok = have is not None and have.split("+")[0] == want
             if not ok and not pins.wanted(name, chosen):
                 _line("info", name, f"{have or 'not installed'}: setup left it out on Python {py} (no wheels; "
@@ -141,7 +133,7 @@ def _check_versions(fw: str, chosen: list[str] | None) -> None:
     _line("warn" if note else "ok", fw, f"{have}" + (f": {note}; the build is still tried" if note else
                                                       " (in the support table, docs/INSTALL.md)"))
     if fw == "tensorflow":
-        keras = ", ".join(f"{d} {v}" for d in ("keras", "tf-keras") if (v := _dist_version(d)))
+        keras = ", ".join(f"{d} {v}" for d in ("keras", "tf-keras") if (v := support.version(d)))
         _line("info", "  keras", keras or "none installed",
               "" if keras else support.install_fix("keras"))
 
@@ -151,7 +143,7 @@ def _check_runtime(wanted: list[str]) -> None:
     names = [n for n in support.HOROVOD_RUNTIME if n != "cffi" or "torch" in wanted]
     absent = support.missing(names)
     _line("FAIL" if absent else "ok", "horovod's runtime",
-          f"missing {', '.join(absent)}" if absent else ", ".join(f"{n} {_dist_version(n)}" for n in names),
+          f"missing {', '.join(absent)}" if absent else ", ".join(f"{n} {support.version(n)}" for n in names),
           f"{support.pip(*support.pinned(*absent))} (`toolkit build-horovod` installs them too)" if absent else "")
 
 
@@ -176,13 +168,13 @@ def report(framework: str) -> int:
         _line("warn", "mpi", "mpirun not found: `horovodrun --gloo` runs without it; mpirun, Horovod's MPI "
                              "controller and the parameter server need Open MPI",
               f"apt-get install {' '.join(pins.APT_PACKAGES)}")
-    m4 = _dist_version("mpi4py")
+    m4 = support.version("mpi4py")
     _line("ok" if m4 else "info", "mpi4py", m4 or "not installed (only sync: ssp/async_ps needs it)",
           "" if m4 else support.install_fix("mpi4py"))
     if mpirun and m4:
         _check_mpi(mpirun, version[0] if version else "")
 
-    hvd = _dist_version("horovod")
+    hvd = support.version("horovod")
     key = horovod_build.installed_key()
     _line("ok" if hvd else "FAIL", "horovod", f"{hvd or 'not installed'}" + (f" (build {key})" if key else ""),
           "" if hvd else support.fix(f"toolkit build-horovod --frameworks {','.join(wanted)}"))

@@ -227,11 +227,11 @@ def _cached_manifest(folder: Path, spec: BuildSpec, versions: dict, key: str, wh
         return data
 
 
-def ensure_requirements(spec: BuildSpec, say=print) -> list[str]:
+def ensure_requirements(spec: BuildSpec, say=print) -> None:
     """What Horovod imports at run time and what its build needs in this environment (support.HOROVOD_RUNTIME,
     HOROVOD_BUILD), installed at the pinned versions where missing (installed ones are left as they are);
     for MXNet the `numpy.bool` shim `make setup` installs too (lazy: it patches numpy only when mxnet is
-    imported, and only where numpy lacks `bool`). Returns what was installed."""
+    imported, and only where numpy lacks `bool`)."""
     if importlib.util.find_spec("pip") is None:
         raise ToolkitError(f"build-horovod: {sys.prefix} has no pip, which Horovod's build runs through; add it "
                            "(`uv pip install pip`, or make the environment with `uv venv --seed`)")
@@ -249,8 +249,6 @@ def ensure_requirements(spec: BuildSpec, say=print) -> list[str]:
             say(f"horovod: MXNet 1.9.1 uses numpy.bool (gone from numpy 1.24): the shim "
                 f"toolkit_numpy_compat.pth installed in {site}")
             envsetup.install_numpy_shim(site)
-            absent.append("toolkit_numpy_compat.pth")
-    return absent
 
 
 def build_and_install(spec: BuildSpec, force: bool = False, sdist: str | None = None, say=print,

@@ -71,14 +71,17 @@ def tested_pythons() -> tuple[str, ...]:
     return tuple(sorted({r.python for r in SUPPORT}))
 
 
+def version(distribution: str) -> str | None:
+    """The installed version of a distribution, from its metadata (nothing imported), else None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def installed(framework: str) -> str | None:
-    """The installed version of `framework` from its distribution's metadata (no import), else None."""
-    for dist in DISTRIBUTIONS[framework]:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    """The installed version of `framework` (the first of its distributions installed), else None."""
+    return next(filter(None, map(version, DISTRIBUTIONS[framework])), None)
 
 
 def found() -> dict[str, str]:
@@ -140,11 +143,4 @@ def pinned(*names: str) -> tuple[str, ...]:
 
 def missing(names) -> list[str]:
     """The distributions of `names` not installed here."""
-    out = []
-    for name in names:
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out.append(name)
-    return out
-
+    return [name for name in names if version(name) is None]
