@@ -453,6 +453,7 @@ class Session(TensorWork):
                                "has stepped")
         self.sync_buffers()
         comm_state = self.communication.gather_state()       # a collective: every rank takes part
+        self._gather_objects()                                  # a collective where the state is sharded
         meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
         return self.on_main(lambda: checkpoint.save(directory, self.global_step, meta,
                                                     lambda folder: (self._save_objects(folder),

@@ -128,6 +128,10 @@ class TensorWork(abc.ABC):
     def replica_parameters(self) -> list[list]:
         """Each replica's model state (parameters and buffers) as numpy arrays, in a fixed order."""
 
+    def _gather_objects(self) -> None:
+        """Before rank 0 alone writes a checkpoint: a collective, on every rank, that brings the state
+        `_save_objects` writes to rank 0 where it is sharded across the ranks (torch's FSDP, ZeRO)."""
+
     @abc.abstractmethod
     def _save_objects(self, folder: Path) -> None:
         """Model and optimizer state into `folder` (toolkit.run.checkpoint makes it atomic)."""

@@ -24,6 +24,7 @@ from toolkit.errors import ToolkitError
 class Strategy(abc.ABC):
     name: str = ""          # the backend: "horovod", "native", ...
     path: str = ""          # how it trains, in a few words (the JSON summary's "path")
+    collectives: str = ""   # whose collectives the toolkit's exchange runs on, when not Horovod's
 
     def __init__(self, config):
         self.config = config

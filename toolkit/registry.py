@@ -42,6 +42,7 @@ class Implementation:
     sync_batchnorm: str = ""                     # why sync_batchnorm is refused; "" = implemented
     why_not_precision: str = ""
     models_refused: dict = field(default_factory=dict)   # built-in model -> why it is not built here
+    sharding: tuple[str, ...] = ("none",)       # Config.sharding values it implements
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,14 @@ _ADAPTERS: dict[str, AdapterSpec] = {
     "torch": AdapterSpec("torch",
                          {"horovod": Implementation("toolkit.adapters.torch.session:TorchSession",
                                                     "toolkit.adapters.torch.strategies.horovod:TorchHorovod",
-                                                    elastic=True, join=True)}),
+                                                    elastic=True, join=True),
+                          "native": Implementation("toolkit.adapters.torch.session:TorchSession",
+                                                   "toolkit.adapters.torch.strategies.native:TorchNative",
+                                                   ops=("average",), syncs=("every_step", "local_sgd"),
+                                                   why_not="DDP averages the gradients (no sum, no Adasum), and the "
+                                                           "parameter server runs on Horovod's workers; use "
+                                                           "backend: horovod",
+                                                   join=True, sharding=("none", "zero1", "fsdp"))}),
     "tensorflow": AdapterSpec(
         "tensorflow",
         {"horovod": Implementation("toolkit.adapters.tensorflow.session:TensorflowSession",

@@ -1,12 +1,14 @@
-"""sync_batchnorm for torch: batch statistics over every rank's micro-batch, through Horovod.
+"""sync_batchnorm for torch: batch statistics over every rank's micro-batch, through the strategy's allreduce.
 
 Horovod's own `hvd.SyncBatchNorm` refuses CPU input ("SyncBatchNorm expected input tensor to be on
 GPU": it calls CUDA kernels), and torch's `nn.SyncBatchNorm` needs torch.distributed, which a
-Horovod job does not start. This layer works on both: each rank sums its inputs, their squares and
-its count per channel, one `hvd.allreduce` (Sum) adds them up, and the batch is normalised with the
-union's mean and (biased) variance; the running statistics get the union's unbiased variance, as
-torch's BatchNorm does for one large batch. Horovod's allreduce is differentiable (its backward
-allreduces the gradient), so the backward pass is the large batch's too. `convert` swaps every
+Horovod job does not start; under the native backend torch's own needs a GPU too (its CPU kernels
+are missing). This layer works on both: each rank sums its inputs, their squares and its count per
+channel, one differentiable allreduce (Sum) adds them up (`hvd.allreduce`, or
+`torch.distributed.nn.functional.all_reduce`: the strategy's `reduce_sum`), and the batch is
+normalised with the union's mean and (biased) variance; the running statistics get the union's
+unbiased variance, as torch's BatchNorm does for one large batch. The allreduce's backward
+allreduces the gradient, so the backward pass is the large batch's too. `convert` swaps every
 BatchNorm of a model for it, keeping the parameter objects (an optimizer made before still holds them).
 """
 from __future__ import annotations
@@ -17,9 +19,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class SyncBatchNorm(_BatchNorm):
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, *, hvd, name):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, *,
+                 reduce_sum, world, name):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
-        self.hvd, self.name = hvd, name
+        self.reduce_sum, self.world, self.name = reduce_sum, world, name
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -28,7 +31,7 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, x):
         self._check_input_dim(x)
         training = self.training or not self.track_running_stats
-        if not training or self.hvd.size() == 1:
+        if not training or self.world() == 1:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, training,
                                 self._factor(), self.eps)
         channels = x.shape[1]
@@ -36,7 +39,7 @@ class SyncBatchNorm(_BatchNorm):
         xf = x.float()
         count = torch.tensor([x.numel() // channels], dtype=torch.float32, device=x.device)
         local = torch.cat([xf.sum(dims), (xf * xf).sum(dims), count])
-        total = self.hvd.allreduce(local, op=self.hvd.Sum, name=self.name)
+        total = self.reduce_sum(local, self.name)
         n = total[-1]
         mean = total[:channels] / n
         var = (total[channels:2 * channels] / n - mean * mean).clamp_min(0)
@@ -59,11 +62,13 @@ class SyncBatchNorm(_BatchNorm):
         return 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
 
 
-def convert(module: torch.nn.Module, hvd, prefix: str = "toolkit.sync_bn") -> torch.nn.Module:
-    """`module` with every BatchNorm{1,2,3}d replaced by SyncBatchNorm (the same parameters and buffers)."""
+def convert(module: torch.nn.Module, reduce_sum, world, prefix: str = "toolkit.sync_bn") -> torch.nn.Module:
+    """`module` with every BatchNorm{1,2,3}d replaced by SyncBatchNorm (the same parameters and buffers);
+    `reduce_sum(tensor, name)`: a differentiable sum over the ranks; `world()`: their number."""
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
         out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, hvd=hvd, name=prefix)
+                            module.track_running_stats, reduce_sum=reduce_sum, world=world,
+                            name=prefix)
         if module.affine:
             out.weight, out.bias = module.weight, module.bias
         if module.track_running_stats:
@@ -72,5 +77,5 @@ def convert(module: torch.nn.Module, hvd, prefix: str = "toolkit.sync_bn") -> to
         out.train(module.training)
         return out
     for name, child in module.named_children():
-        module.add_module(name, convert(child, hvd, f"{prefix}.{name}"))
+        module.add_module(name, convert(child, reduce_sum, world, f"{prefix}.{name}"))
     return module

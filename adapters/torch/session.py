@@ -1,7 +1,10 @@
 """PyTorch's tensor work for the session (adapters/base.py, the facade): the user's module on this
 rank's device, the config's optimizer and loss, loaders, the backward pass, gradients and state as
 tensors, evaluation, checkpoints. How gradients and state move between the ranks is the strategy's
-(adapters/torch/strategies/: horovod); the precision (autocast, GradScaler) is adapters/torch/precision.py.
+(adapters/torch/strategies/: horovod, native), which may wrap the model (DDP) or shard it (FSDP2, ZeRO):
+the session reads the user's module and the whole state through it (`unwrap`, `full_state`), so a
+checkpoint has one format under every strategy; the precision (autocast, GradScaler) is
+adapters/torch/precision.py.
 Loaders: numpy arrays are indexed directly; a `torch.utils.data.Dataset` is read by torch's own
 DataLoader (workers, pinned memory on a GPU, the user's `collate_fn`) with the toolkit's sampler as
 its batch sampler: samples may be tuples of any arity or dicts (Hugging Face's `input_ids`,
@@ -101,9 +104,11 @@ class TorchSession(Session):
     def backward(self, loss, tape=None) -> None:
         k = self.config.accumulation_steps
         loss = loss / k if k > 1 else loss
+        self.strategy.sync_gradients(self, self.micro == k - 1)       # read by this backward (FSDP)
         self.precision.backward(loss)
         self._loss = loss.detach() if self.micro == 0 else self._loss + loss.detach()    # the step's mean loss
         self.micro += 1
+        self.strategy.sync_gradients(self, self.micro % k == k - 1)   # read by the next forward (DDP)
 
     def _micro_batches(self, batches):
         """Mean loss of the micro-batches (a device tensor, no host sync) with their gradients in .grad."""
@@ -111,7 +116,8 @@ class TorchSession(Session):
             self.model.train()
         self.optimizer.zero_grad()
         total = None
-        for x, y in batches:
+        for i, (x, y) in enumerate(batches):
+            self.strategy.sync_gradients(self, i == len(batches) - 1)     # accumulation: the last one reduces
             with self.autocast():
                 loss = self.loss_fn(self.model(x), y)
             if len(batches) > 1:
@@ -134,7 +140,7 @@ class TorchSession(Session):
         params = [p for p in self._trainable() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        return norm
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm     # FSDP: a DTensor
 
     def _trainable(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -163,8 +169,9 @@ class TorchSession(Session):
         self.optimizer.zero_grad()
 
     def weights(self) -> list:
-        """Copies (a CPU tensor's numpy() would share its memory and change with the next step)."""
-        return [p.detach().cpu().numpy().copy() for p in self._trainable()]
+        """Copies (a CPU tensor's numpy() would share its memory and change with the next step); a sharded
+        parameter whole (a collective)."""
+        return [_whole(p.detach()).cpu().numpy().copy() for p in self._trainable()]
 
     @torch.no_grad()
     def set_weights(self, arrays) -> None:
@@ -185,11 +192,12 @@ class TorchSession(Session):
             t.copy_(torch.from_numpy(a))
 
     def _buffers(self) -> list:
-        return [b.detach().cpu().numpy() for b in self.model.buffers() if b.is_floating_point()]
+        return [b.detach().cpu().numpy() for b in self.strategy.unwrap(self.model).buffers() if b.is_floating_point()]
 
     @torch.no_grad()
     def _set_buffers(self, arrays) -> None:
-        for b, a in zip([b for b in self.model.buffers() if b.is_floating_point()], arrays, strict=True):
+        buffers = [b for b in self.strategy.unwrap(self.model).buffers() if b.is_floating_point()]
+        for b, a in zip(buffers, arrays, strict=True):
             b.copy_(torch.from_numpy(np.asarray(a, np.float32)).to(b.dtype))
 
     @torch.no_grad()
@@ -202,13 +210,15 @@ class TorchSession(Session):
         return np.array([loss, 0, len(y), 1], np.float64)
 
     # -- checkpoints, elastic, uneven data ----------------------------------------------------------------
+    def _gather_objects(self) -> None:
+        self._saving = [self.strategy.full_state(part) for part in self.parts]   # a collective where sharded
+
     def _save_objects(self, folder: Path) -> None:
         # + fp16's loss scale, for an exact resume; the second and later models under "parts"
-        first, *others = self.parts
-        state = {"model": first.model.state_dict(), "optimizer": first.optimizer.state_dict(),
-                 **self.precision.state_dict()}
+        (first, *others), self._saving = self._saving, None
+        state = {**first, **self.precision.state_dict()}
         if others:
-            state["parts"] = [{"model": p.model.state_dict(), "optimizer": p.optimizer.state_dict()} for p in others]
+            state["parts"] = others
         torch.save(state, folder / STATE_FILE)
 
     def _load_objects(self, folder: Path) -> None:
@@ -218,18 +228,24 @@ class TorchSession(Session):
             raise ToolkitError(f"checkpoint {folder} holds {len(saved)} model(s), this session set up "
                                f"{len(self.parts)}; resume with the models it was saved with")
         for part, part_state in zip(self.parts, saved):
-            part.model.load_state_dict(part_state["model"])
-            part.optimizer.load_state_dict(part_state["optimizer"])
+            self.strategy.stash_loaded(part, part_state)      # loaded here, or given to the sharded broadcast
         self.precision.load_state_dict(state)
 
     def snapshot(self):
-        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+        return copy.deepcopy({"model": self.strategy.unwrap(self.model).state_dict(),
+                              "optimizer": self.optimizer.state_dict()})
 
     def restore(self, snapshot) -> None:
-        self.model.load_state_dict(snapshot["model"])
+        self.strategy.unwrap(self.model).load_state_dict(snapshot["model"])
         self.optimizer.load_state_dict(snapshot["optimizer"])
 
     def replica_parameters(self) -> list[list]:
-        """Every model's state (parameters and buffers), the models in setup order."""
-        models = [p.model for p in self.parts] or [self.model]
-        return [[v.detach().cpu().numpy() for m in models for v in m.state_dict().values()]]
+        """Every model's state (parameters and buffers), the models in setup order; a sharded model whole
+        (a collective: every rank gathers it)."""
+        models = [self.strategy.unwrap(p.model) for p in self.parts] or [self.model]
+        return [[_whole(v.detach()).cpu().numpy() for m in models for v in m.state_dict().values()]]
+
+
+def _whole(tensor):
+    """A sharded tensor (FSDP2's DTensor) gathered whole; others as they are."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

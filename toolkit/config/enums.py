@@ -8,7 +8,14 @@ from toolkit import registry
 
 class Backend(str, enum.Enum):
     HOROVOD = "horovod"
-    NATIVE = "native"       # the framework's own strategy (TensorFlow)
+    NATIVE = "native"       # the framework's own engine: TensorFlow's strategies, torch.distributed (DDP, FSDP2)
+    DATAPARALLEL = "dataparallel"   # torch.nn.DataParallel: named only to be refused with the reason (config/rules.py)
+
+
+class Sharding(str, enum.Enum):
+    NONE = "none"           # every rank holds the whole model, its gradients and optimizer state
+    ZERO1 = "zero1"         # optimizer state sharded across the ranks (torch's ZeroRedundancyOptimizer)
+    FSDP = "fsdp"           # parameters, gradients and optimizer state sharded (FSDP2 fully_shard per block)
 
 
 class Dataset(str, enum.Enum):

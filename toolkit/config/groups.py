@@ -14,7 +14,7 @@ from typing import Optional
 
 from toolkit import registry
 
-from .enums import (Backend, Compression, Dataset, Keras, LrSchedule, LrScaling, Model, Op, Optimizer, Precision,
+from .enums import (Backend, Sharding, Compression, Dataset, Keras, LrSchedule, LrScaling, Model, Op, Optimizer, Precision,
                     Strategy, Sync)
 
 
@@ -41,8 +41,12 @@ class LaunchConfig:
     """Which framework and backend, how the ranks run, and what they print."""
     group = "launch"
     framework: str = _f("torch", "framework adapter", choices=registry.names)
-    backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated: horovod, or native (TensorFlow's own "
-                                           "strategies, no Horovod)")
+    backend: Backend = _f(Backend.HOROVOD, "how gradients are communicated: horovod, or native (the framework's own "
+                                           "engine, no Horovod: torch.distributed with DDP/FSDP2, TensorFlow's "
+                                           "strategies); dataparallel is refused (one process: use native)")
+    sharding: Sharding = _f(Sharding.NONE, "torch backend native: none, zero1 (optimizer state sharded: torch's "
+                                           "ZeroRedundancyOptimizer) or fsdp (parameters, gradients and optimizer "
+                                           "state sharded: FSDP2 fully_shard per block)")
     keras: Keras = _f(Keras.KERAS3, "tensorflow: Keras 3, or legacy tf-keras (TF_USE_LEGACY_KERAS=1 selects it)")
     strategy: Optional[Strategy] = _f(None, "backend native: TensorFlow strategy; unset = {unset}",
                                       unset="multi_worker_mirrored when TF_CONFIG is set, else mirrored")
@@ -238,7 +242,7 @@ GROUP_CLASSES = (LaunchConfig, WorkloadConfig, CommunicationConfig, ParameterSer
 # The order of the keys in `config show`, config.yaml, `--help` and "allowed keys" (part of the interface: it
 # predates the groups, so it interleaves them).
 ORDER = (
-    "framework", "backend", "keras", "strategy", "num_devices", "model", "hidden_size", "hidden_layers", "heads",
+    "framework", "backend", "sharding", "keras", "strategy", "num_devices", "model", "hidden_size", "hidden_layers", "heads",
     "context", "dataset", "image_size", "augment", "epochs", "batch_size", "optimizer", "lr", "momentum",
     "weight_decay", "lr_scaling", "warmup_epochs", "lr_schedule", "lr_step_epochs", "lr_step_gamma", "compression",
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",

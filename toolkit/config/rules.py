@@ -9,7 +9,7 @@ from typing import Optional
 from toolkit import registry
 
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrSchedule, Model, Op, Optimizer, Precision, Strategy, Sync)
+                    LrSchedule, Model, Op, Optimizer, Precision, Sharding, Strategy, Sync)
 from .groups import ELASTIC_KEYS, _example, flag
 from .values import ConfigError
 
@@ -125,7 +125,9 @@ def _check_elastic(c) -> None:
         raise ConfigError(f"elastic_max_np={c.elastic_max_np} is below elastic_min_np={c.elastic_min_np}; "
                           "raise max_np or lower min_np", "elastic_max_np", "elastic_min_np")
     if c.backend is not Backend.HOROVOD:
-        raise ConfigError("elastic training is Horovod elastic; with backend=native drop the elastic keys",
+        torchrun = (" (torch: torchrun restarts the workers and they resume from the newest checkpoint: "
+                    "`toolkit launch --backend native --min-np N` with resume: true)" if c.framework == "torch" else "")
+        raise ConfigError(f"elastic training is Horovod elastic; with backend=native drop the elastic keys{torchrun}",
                           "backend", *ELASTIC)
     if c.toolkit_exchange:
         raise ConfigError(f"elastic training runs Horovod's distributed optimizer; compression="
@@ -254,10 +256,18 @@ def _check_parameter_server(c) -> None:
                           "worker's gradient as it comes; use op: average", "op", "sync")
 
 
+DATAPARALLEL = ("torch.nn.DataParallel drives every GPU from one process: its threads share one GIL, and GPU 0 "
+                "gathers the outputs and scatters the gradients, doing more than the others; PyTorch recommends "
+                "DistributedDataParallel, one process per GPU")
+
+
 def _check_capabilities(c) -> None:
     """What the chosen framework and backend implement (toolkit/registry.py), with the alternative."""
     spec = registry.spec(c.framework)
     backend = c.backend.value
+    if c.backend is Backend.DATAPARALLEL:
+        raise ConfigError(f"backend=dataparallel is refused: {DATAPARALLEL}; use backend: native (torch DDP, "
+                          "one process per GPU) or horovod", "backend")
     if backend not in spec.backends:
         raise ConfigError(f"backend={backend!r} is not available for framework={c.framework!r}; "
                           f"use one of: {', '.join(spec.backends)}", "backend", "framework")
@@ -293,6 +303,8 @@ def _check_capabilities(c) -> None:
                           f"allreduce; with compression={c.compression.value!r}, sync={c.sync.value!r}, "
                           f"op={c.op.value!r} there is none: use precision bf16, or compression none/fp16, "
                           "sync every_step and op average/sum", "precision", "compression", "sync", "op")
+    if c.sharding is not Sharding.NONE:
+        _check_sharding(c, impl)
     if c.elastic and not impl.elastic:
         raise ConfigError(f"elastic training is not available for framework={c.framework!r} with "
                           f"backend={backend!r} ({impl.why_not_elastic}); drop the elastic keys",
@@ -350,3 +362,28 @@ def _check_workload(c) -> None:
     if images and c.model in (Model.MLP.value, Model.LINEAR.value):
         raise ConfigError(f"dataset={c.dataset!r} gives images: use model resnet18 or resnet50 (or your "
                           f"own), not {c.model!r}", "dataset", "model")
+
+
+def _check_sharding(c, impl) -> None:
+    """sharding zero1 / fsdp: torch's own engine only, and what each shards leaves no room for."""
+    name = c.sharding.value
+    if name not in impl.sharding:
+        raise ConfigError(f"sharding={name!r} is not available for framework={c.framework!r} with "
+                          f"backend={c.backend.value!r} (ZeRO and FSDP shard through torch.distributed); use "
+                          "framework torch with backend: native, or sharding: none", "sharding", "framework", "backend")
+    if c.toolkit_exchange:
+        raise ConfigError(f"sharding={name!r} with compression={c.compression.value!r}, sync={c.sync.value!r}: the "
+                          "toolkit's exchange moves every rank's whole gradient; use compression none/fp16/bf16 "
+                          "and sync every_step, or sharding: none", "sharding", "compression", "sync")
+    if c.uneven_data:
+        raise ConfigError(f"sharding={name!r} with uneven_data: a sharded step needs every rank; drop "
+                          "uneven_data or use sharding: none", "sharding", "uneven_data")
+    if c.sharding is Sharding.FSDP:
+        if c.compression.value != "none":
+            raise ConfigError(f"sharding='fsdp' with compression={c.compression.value!r}: FSDP reduce-scatters in "
+                              "the dtype of its mixed-precision policy (precision bf16 reduces in float32); "
+                              "use compression: none", "sharding", "compression")
+        if c.precision is Precision.FP16:
+            raise ConfigError("sharding='fsdp' with precision=fp16: fp16 needs a loss scaler over sharded "
+                              "gradients; use precision: bf16 (FSDP's mixed-precision policy), or sharding: zero1",
+                              "sharding", "precision")

@@ -35,14 +35,17 @@ from toolkit.config import Compression, Config, Sync
 STATE_FILE = "communication.npz"
 
 
-def for_session(config: Config, session, exchange: bool) -> "Communication":
+def for_session(config: Config, session, exchange: bool, value_bytes: float | None = None) -> "Communication":
     """The session's communication; `exchange`: the strategy's answer, whether the toolkit's exchange
-    moves the gradients (else the strategy's own reduce does, inside the session's step)."""
-    return Communication(config, session, session.rank, session.world_size, exchange)
+    moves the gradients (else the strategy's own reduce does, inside the session's step);
+    `value_bytes`: what the strategy's own reduce hands to collectives per gradient value (default:
+    Horovod's, `horovod_value_bytes`)."""
+    return Communication(config, session, session.rank, session.world_size, exchange, value_bytes)
 
 
 class Communication:
-    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool):
+    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool,
+                 value_bytes: float | None = None):
         self.session, self.rank, self.world = session, rank, world_size
         self.toolkit = exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
@@ -51,7 +54,7 @@ class Communication:
         self.ops = arrays.of(session)
         self.dgc = config.dgc
         self.exchange = make_exchange(config, self.ops) if self.toolkit else None
-        self.horovod_value_bytes = horovod_value_bytes(config)
+        self.horovod_value_bytes = value_bytes if value_bytes is not None else horovod_value_bytes(config)
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.steps = 0              # optimizer steps since this process started
@@ -129,7 +132,8 @@ class Communication:
         if not self.toolkit:
             return session_path
         how = (f"local SGD (average every {self.local_steps} steps)" if self.local_steps else "every step")
-        return f"toolkit {self.method} exchange, {how}, over {self.session.name}'s Horovod collectives"
+        over = self.session.strategy.collectives or f"{self.session.name}'s Horovod"
+        return f"toolkit {self.method} exchange, {how}, over {over} collectives"
 
     @property
     def method(self) -> str:

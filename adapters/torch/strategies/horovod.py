@@ -18,10 +18,11 @@ import torch
 from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import (CPU_FUSION_THRESHOLD_MB, HorovodStrategy, gpu_for_local_rank,
                                       require_gpu_if_asked, threads_per_rank)
+from toolkit.adapters.torch.strategies.common import TorchStrategy
 from toolkit.config import Op
 
 
-class TorchHorovod(HorovodStrategy):
+class TorchHorovod(TorchStrategy, HorovodStrategy):
     module, framework = "horovod.torch", "torch"
     path = "horovod.torch DistributedOptimizer"
 
@@ -44,7 +45,8 @@ class TorchHorovod(HorovodStrategy):
     def sync_batchnorm(self, model):
         """Every BatchNorm's statistics over every rank's batch (adapters/torch/batchnorm.py)."""
         from toolkit.adapters.torch import batchnorm
-        return batchnorm.convert(model, self.hvd)
+        hvd = self.hvd
+        return batchnorm.convert(model, lambda t, name: hvd.allreduce(t, op=hvd.Sum, name=name), hvd.size)
 
     def wrap(self, session) -> None:
         if self.exchange:

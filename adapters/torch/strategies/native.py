@@ -1,0 +1,236 @@
+"""torch on its own engine: a torch.distributed process group and DistributedDataParallel (or FSDP2 / ZeRO).
+
+`backend: native` for torch. The process group (Gloo on the CPU, NCCL on a GPU; object and numpy
+collectives over Gloo always) is initialised from whichever launcher started the ranks
+(adapters/torch/rendezvous.py: torchrun, horovodrun, mpirun, srun). One GPU per local rank, as on Horovod.
+
+- The model is wrapped in `DistributedDataParallel` (buffers not broadcast each forward: BatchNorm
+  statistics are averaged where the toolkit averages them, as on Horovod); its hooks allreduce each
+  gradient bucket during the backward pass, so `reduce` has nothing left to do. Accumulation sets
+  DDP's own `require_backward_grad_sync` (what `no_sync()` sets) before each micro-batch's forward.
+- compression fp16 and bf16 are DDP's own comm hooks (`fp16_compress_hook`, `bf16_compress_hook`);
+  int8, top-k, DGC, PowerSGD and local SGD run the toolkit's exchange on this strategy's collectives
+  (the model then stays unwrapped: the exchange moves the whole step's gradients itself).
+- sharding (adapters/torch/sharding.py): zero1 = torch's ZeroRedundancyOptimizer under DDP; fsdp =
+  FSDP2 `fully_shard` per block.
+- uneven data: DDP's `Join` (the ranks that ran out shadow the others' allreduces with zeros), entered
+  when the config sets `uneven_data`, left in `join()`.
+"""
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from toolkit.adapters.horovod import gpu_for_local_rank, require_gpu_if_asked, threads_per_rank
+from toolkit.adapters.strategy import Strategy
+from toolkit.adapters.topology import Topology
+from toolkit.adapters.torch import rendezvous, sharding
+from toolkit.adapters.torch.strategies.common import TorchStrategy
+from toolkit.config import Compression, Sharding
+from toolkit.errors import ToolkitError
+
+# The comm hooks DDP ships for the config's compressions that need no state of the toolkit's.
+DDP_HOOKS = {Compression.FP16: "fp16_compress_hook", Compression.BF16: "bf16_compress_hook"}
+
+
+class TorchNative(TorchStrategy, Strategy):
+    name = "native"
+    collectives = "torch.distributed's"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.hook = DDP_HOOKS.get(config.compression) if config.sync.value == "every_step" else None
+        self.exchange = config.toolkit_exchange and self.hook is None
+        self.sharding = config.sharding
+        self.join_context = None
+        self.steps = 0
+        self._stash = None          # a checkpoint's state read on rank 0, shared by the next broadcast
+
+    # -- start ----------------------------------------------------------------------------------------
+    def start(self, comm=None) -> Topology:
+        if comm is not None:
+            raise ToolkitError("backend=native runs torch.distributed, not Horovod on an MPI communicator; "
+                               "the parameter server needs backend: horovod")
+        where = rendezvous.place()
+        torch.set_num_threads(threads_per_rank(where.local_size))
+        has_gpu = torch.cuda.is_available()
+        require_gpu_if_asked(has_gpu)
+        gpu = gpu_for_local_rank(torch.cuda.device_count() if has_gpu else 0, where.local_rank, where.local_size,
+                                 self.config.allow_cpu)
+        if gpu is not None:
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
+        else:
+            self.device = torch.device("cpu")
+        self.backend = "nccl" if gpu is not None else "gloo"
+        if not dist.is_initialized():    # a user's script may have made the group itself
+            dist.init_process_group(self.backend, init_method=rendezvous.init_method(where), rank=where.rank,
+                                    world_size=where.size, timeout=timedelta(minutes=10),
+                                    device_id=self.device if gpu is not None else None)
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        # numpy arrays and pickled objects cross on the CPU: Gloo, beside NCCL where NCCL moves the gradients
+        self.cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else None
+        self.launcher = where.launcher
+        return Topology(self.rank, self.size, where.local_rank, where.local_size, str(self.device))
+
+    @property
+    def path(self) -> str:
+        engine = {Sharding.NONE: "DistributedDataParallel", Sharding.ZERO1: "DistributedDataParallel + "
+                  "ZeroRedundancyOptimizer", Sharding.FSDP: "FSDP2 fully_shard"}[self.sharding]
+        if self.exchange:
+            engine = "no wrapper (the toolkit's exchange)"
+        hook = f", {self.hook}" if self.hook else ""
+        return f"torch.distributed {engine} ({self.backend}{hook})"
+
+    def sync_batchnorm(self, model):
+        """torch's own SyncBatchNorm on a GPU; on the CPU (torch's has no CPU kernels) the toolkit's,
+        over torch.distributed's differentiable all_reduce."""
+        if self.device.type == "cuda":
+            return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        from torch.distributed.nn import functional as dist_nn
+        from toolkit.adapters.torch import batchnorm
+        return batchnorm.convert(model, lambda t, name: dist_nn.all_reduce(t), lambda: self.size)
+
+    # -- the user's objects -----------------------------------------------------------------------------
+    def wrap(self, session) -> None:
+        model = session.model
+        if isinstance(model, torch.nn.DataParallel):
+            from toolkit.config.rules import DATAPARALLEL
+            raise ToolkitError(f"session.setup(model): a torch.nn.DataParallel is refused: {DATAPARALLEL}; pass "
+                               "the module inside it (model.module): backend native wraps it in DDP")
+        if self.exchange:
+            return
+        if self.sharding is Sharding.FSDP:
+            session.model, session.optimizer = sharding.fully_shard(session, self)
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            session.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                broadcast_buffers=False)
+            if self.hook:
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                session.model.register_comm_hook(None, getattr(default_hooks, self.hook))   # the default group
+            if self.sharding is Sharding.ZERO1:
+                session.optimizer = sharding.zero1(session.optimizer)
+            if self.config.data_fractions():
+                from torch.distributed.algorithms.join import Join
+                self.join_context = Join([session.model])
+        self.sync_gradients(session, self.config.accumulation_steps == 1)
+
+    def unwrap(self, model):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return model.module if isinstance(model, DDP) else model
+
+    def sync_gradients(self, session, on: bool) -> None:
+        model = session.model
+        if hasattr(model, "require_backward_grad_sync"):        # DDP: read by the next forward
+            model.require_backward_grad_sync = on
+        elif hasattr(model, "set_requires_gradient_sync"):      # FSDP2: read by the backward pass
+            model.set_requires_gradient_sync(on)
+
+    def communication(self, session):
+        from toolkit.exchange import communication
+        return communication.for_session(self.config, session, exchange=self.exchange,
+                                         value_bytes=sharding.bytes_per_value(self.config, self.size))
+
+    def full_state(self, part) -> dict:
+        if self.sharding is Sharding.NONE:
+            return super().full_state(part)
+        return sharding.full_state(part, self)
+
+    def stash_loaded(self, part, state: dict) -> None:
+        if self.sharding is Sharding.NONE:
+            return super().stash_loaded(part, state)
+        self._stash = state
+
+    def broadcast(self, session, root: int = 0) -> None:
+        """Rank `root`'s model and optimizer state on every rank (setup: DDP's constructor has already
+        copied rank 0's parameters; resume: rank 0 has loaded the checkpoint)."""
+        if self.sharding is not Sharding.NONE:
+            stash, self._stash = self._stash, None
+            sharding.broadcast(session, self, stash)
+            return
+        with torch.no_grad():
+            for tensor in self.unwrap(session.model).state_dict().values():
+                dist.broadcast(tensor, src=root)
+        state = self.broadcast_object(session.optimizer.state_dict(), name="toolkit.optimizer_state", root=root)
+        if self.rank != root:
+            session.optimizer.load_state_dict(state)
+
+    def discard(self, session) -> None:
+        session.optimizer.zero_grad()
+
+    # -- the step (the facade's order: adapters/base.py Session._reduce_and_apply) ------------------------
+    def reduce_loss(self, session, loss):
+        """nan_guard: the step's loss averaged over the ranks (not under Join: a rank that ran out would
+        not take part)."""
+        if self.size == 1 or self.join_context is not None:
+            return None
+        tensor = loss.detach().float().reshape(1).clone()
+        return dist.all_reduce(tensor, async_op=True), tensor
+
+    def reduced_loss(self, session, pending, loss):
+        if pending is None:
+            return loss
+        work, tensor = pending
+        work.wait()
+        return tensor / self.size
+
+    def reduce(self, session) -> None:
+        """DDP (or FSDP) reduced the gradients during the backward pass."""
+        self.steps += 1
+
+    def reduced(self, session):
+        return contextlib.nullcontext()
+
+    # -- collectives ------------------------------------------------------------------------------------------
+    def _group(self, tensor):
+        return self.cpu_group if tensor.device.type == "cpu" else None
+
+    def allreduce(self, array, average: bool = True, name: str | None = None):
+        tensor = array.clone() if torch.is_tensor(array) else torch.from_numpy(np.array(array, copy=True))
+        if self.size > 1:
+            dist.all_reduce(tensor, group=self._group(tensor))
+        if average:
+            tensor = tensor / self.size if tensor.is_floating_point() else tensor // self.size
+        return tensor if torch.is_tensor(array) else tensor.numpy()
+
+    def allgather(self, array):
+        tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
+        if self.size == 1:
+            return array
+        group = self._group(tensor)
+        length = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+        lengths = [torch.zeros_like(length) for _ in range(self.size)]
+        dist.all_gather(lengths, length, group=group)
+        lengths = [int(n) for n in lengths]
+        longest = max(lengths)
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[:tensor.shape[0]] = tensor
+        rows = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(rows, padded, group=group)
+        out = torch.cat([row[:n] for row, n in zip(rows, lengths)])
+        return out if torch.is_tensor(array) else out.numpy()
+
+    def allgather_object(self, obj, name: str) -> list:
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.cpu_group)
+        return out
+
+    def broadcast_object(self, obj, name: str, root: int = 0):
+        box = [obj]
+        dist.broadcast_object_list(box, src=root, group=self.cpu_group)
+        return box[0]
+
+    def join(self) -> int:
+        """DDP's Join: this rank has no more batches; it shadows the others' allreduces with zeros until
+        every rank is out. Returns a rank that ran the most steps (its model is the newest)."""
+        if self.join_context is None:
+            raise ToolkitError("session.join() on backend native needs uneven_data in the config (DDP's Join "
+                               "context is entered at setup); or use backend: horovod")
+        self.join_context.__exit__(None, None, None)
+        steps = self.allgather_object(self.steps, name="toolkit.join_steps")
+        return max(range(self.size), key=lambda r: (steps[r], r))
