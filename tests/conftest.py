@@ -143,10 +143,14 @@ def summary(proc: subprocess.CompletedProcess) -> dict:
 
 
 def train_job(launcher: str, args, np_: int = 2, timeout: int = 300, env=None, direct: bool = False) -> dict:
-    """One real training job: 'single', 'gloo' / 'mpi' (horovodrun), or 'mpirun'. Launched through
-    `toolkit launch` (its horovodrun starts ~3 s sooner), or with `direct` the plain horovodrun command."""
+    """One real training job: 'single', 'gloo' / 'mpi' (horovodrun), 'mpirun', or 'native' (torch's own
+    engine under torchrun: `toolkit launch --backend native`). Launched through `toolkit launch` (its
+    horovodrun starts ~3 s sooner), or with `direct` the plain horovodrun command."""
     if launcher == "single":
         argv = TRAIN + list(args)
+    elif launcher == "native":
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", np_, "--backend", "native", "--framework", "torch",
+                "--timeout", timeout - 10, "--", *TRAIN, "--backend", "native", *args]
     elif launcher == "mpirun":
         argv = [sys.executable, "-m", "toolkit", "launch", "-np", np_, "--launcher", "mpirun",
                 "--timeout", timeout - 10, "--", *TRAIN, *args]

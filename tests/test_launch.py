@@ -143,7 +143,7 @@ def test_remote_tf_worker_runs_this_virtualenvs_python_and_only_tensorflows_vari
 
 @pytest.mark.parametrize("args, needle", [
     (["--backend", "native", "--launcher", "mpirun"], "drop --launcher mpirun"),
-    (["--framework", "torch", "--backend", "native"], "--backend native is not available for --framework torch"),
+    (["--framework", "mxnet", "--backend", "native"], "--backend native is not available for --framework mxnet"),
     (["--backend", "native", "--gloo"], "drop it"),
 ])
 def test_cli_native_launch_errors(args, needle):
@@ -155,6 +155,181 @@ def test_cli_native_dry_run_sets_framework_and_backend():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("TOOLKIT_BACKEND=native TOOLKIT_FRAMEWORK=tensorflow" in ln for ln in lines)
+
+
+# -- torchrun: `--backend native` for torch (launcher.plan_torchrun) ----------------------------------
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+TEE = ["--tee", "3", "--log-line-prefix-template", launch.TORCHRUN_TAG]
+
+
+@pytest.mark.parametrize("hosts_", [None, "localhost:2"])
+def test_torchrun_on_one_host_is_one_standalone_torchrun(hosts_):
+    spec = launch.LaunchSpec(command=CMD, np=2, hosts=hosts_, launcher="torchrun")
+    [(argv, env)] = launch.plan_torchrun(spec, environ={"PATH": "/bin"})
+    # this Python's torch; the command runs as given (`python` is this virtualenv's, first on PATH)
+    assert argv == TORCHRUN + ["--standalone", "--nproc-per-node", "2", *TEE, "--no-python", *CMD]
+    assert env["PATH"] == f"{os.path.dirname(sys.executable)}{os.pathsep}/bin"
+    assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"   # torchrun's own default, without its banner
+
+
+def test_torchrun_across_hosts_is_one_torchrun_per_host_over_ssh_meeting_at_the_first():
+    spec = launch.LaunchSpec(command=CMD, np=4, hosts="a:2,b:2", launcher="torchrun", network_interface="eth0",
+                             start_timeout=30, ssh_port=2222)
+    workers = launch.plan_torchrun(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3", "HOME": "/root"},
+                                   job_id="job1")
+    rendezvous = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                  f"a:{launch.TORCHRUN_PORT}", "--rdzv-id", "job1", "--rdzv-conf", "join_timeout=30"]
+    assert [argv[:6] for argv, _ in workers] == [["ssh", "-o", "BatchMode=yes", "-p", "2222", host] for host in "ab"]
+    for argv, env in workers:
+        remote = shlex.split(argv[6])
+        assert remote[:3] == ["cd", os.getcwd(), "&&"] and remote[4] == f"PATH={os.path.dirname(sys.executable)}:$PATH"
+        assert {"TOOLKIT_EPOCHS=3", "GLOO_SOCKET_IFNAME=eth0", "NCCL_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1"} <= set(remote)
+        assert "HOME=/root" not in remote
+        assert remote[remote.index(sys.executable):] == TORCHRUN + rendezvous + TEE + ["--no-python", *CMD]
+    # the first host is this machine: its torchrun runs here, the others find it by name, on a free port
+    spec = launch.LaunchSpec(command=CMD, np=4, hosts="localhost:2,b:2", launcher="torchrun")
+    (here, env), (there, _) = launch.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="job1")
+    assert here[:len(TORCHRUN)] == TORCHRUN and here[here.index("--rdzv-endpoint") + 1] == f"{socket.gethostname()}:4001"
+    assert there[0] == "ssh" and f"--rdzv-endpoint {socket.gethostname()}:4001" in there[-1]
+
+
+def test_torchrun_fills_the_hosts_in_order_and_needs_the_same_ranks_on_each():
+    def nodes(np_, hosts_):
+        return launch.torchrun_nodes(launch.LaunchSpec(command=CMD, np=np_, hosts=hosts_, launcher="torchrun"))
+
+    assert nodes(4, "a:2,b:4") == [("a", 2), ("b", 2)]
+    assert nodes(2, "a:2,b:2") == [("a", 2)]          # b is not used: one host, standalone (over ssh)
+    [(argv, _)] = launch.plan_torchrun(launch.LaunchSpec(command=CMD, np=2, hosts="a:2,b:2", launcher="torchrun"),
+                                       environ={})
+    assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "a"] and "--standalone --nproc-per-node 2" in argv[4]
+    for np_, hosts_, needle in [(3, "a:2,b:2", "-np 3 on -H a:2,b:2 puts 2+1 ranks on its hosts"),
+                                (6, "a:4,b:2", "use -np 4")]:
+        with pytest.raises(ToolkitError) as e:
+            nodes(np_, hosts_)
+        assert needle in str(e.value) and "--nproc-per-node" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_torchrun_elastic_counts_whole_hosts_and_its_bad_inputs(tmp_path):
+    def argv(**kw):
+        spec = launch.LaunchSpec(command=CMD, launcher="torchrun", **kw)
+        return " ".join(launch.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="j")[0][0])
+
+    assert "--nnodes 1:3 --max-restarts 3 --nproc-per-node 2" in argv(np=4, hosts="a:2,b:2", min_np=2, max_np=6)
+    assert "--nnodes 2:2 --max-restarts 3" in argv(np=4, hosts="a:2,b:2", min_np=4)
+    one = argv(np=2, min_np=2)             # one host: the rendezvous, not --standalone, so it can restart
+    assert "--standalone" not in one and "--nnodes 1:1 --max-restarts 3" in one and "--rdzv-endpoint localhost:4001" in one
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    for kw, needle in [(dict(np=4, hosts="a:2,b:2", min_np=3), "--min-np 3: torchrun's elastic unit is a node of 2"),
+                       (dict(np=4, hosts="a:2,b:2", min_np=2, max_np=5), "--max-np 5"),
+                       (dict(np=2, min_np=2, discovery=str(script)), "torchrun has none"),
+                       (dict(np=2, max_np=4), "add --min-np"),
+                       (dict(np=2, min_np=3), "--min-np (3) <= -np (2)"),
+                       (dict(np=2, controller="gloo"), "its own rendezvous: drop it")]:
+        with pytest.raises(ToolkitError) as e:
+            launch.LaunchSpec(command=CMD, launcher="torchrun", **kw)
+        assert needle in str(e.value) and "\n" not in str(e.value), (kw, str(e.value))
+    assert "discovery" not in str(e.value)
+
+
+def test_cli_native_torch_dry_run_is_one_torchrun_per_host():
+    proc = toolkit("launch", "-np", "2", "--framework", "torch", "--backend", "native", "--dry-run", "--", "python", "x.py")
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()
+    assert line.startswith("OMP_NUM_THREADS=1 TOOLKIT_BACKEND=native TOOLKIT_FRAMEWORK=torch ")
+    assert f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 " in line
+    assert line.endswith(" --no-python python x.py")
+    proc = toolkit("launch", "-np", "4", "-H", "a:2,b:2", "--framework", "torch", "--backend", "native", "--min-np", "2",
+                   "--dry-run", "--", "python", "x.py")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all("--nnodes 1:2 --max-restarts 3" in ln for ln in lines)
+    assert "TOOLKIT_ELASTIC_" not in proc.stdout     # torchrun restarts the ranks; no Horovod elastic on them
+
+
+def test_cli_native_framework_is_the_ranks_own(tmp_path):
+    """The command's --framework, TOOLKIT_FRAMEWORK, or its --config file's framework picks the launcher."""
+    def launched(*args, env=None):
+        proc = toolkit("launch", "-np", "2", "--backend", "native", "--dry-run", *args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return "torch.distributed.run" in proc.stdout, "TF_CONFIG=" in proc.stdout
+
+    assert launched("--", "python", "t.py", "--framework", "torch") == (True, False)
+    assert launched("--", "python", "t.py", "--framework=tensorflow") == (False, True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("framework: torch\n")
+    assert launched("--", "python", "t.py", "--config", cfg) == (True, False)
+    from tests.conftest import clean_env
+    assert launched("--", "python", "t.py", env=clean_env(TOOLKIT_FRAMEWORK="tensorflow")) == (False, True)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "native"], "add --framework torch or --framework tensorflow"),
+    (["--backend", "native", "--framework", "tensorflow", "--launcher", "torchrun"], "--launcher torchrun does not start"),
+    (["--backend", "native", "--framework", "torch", "--launcher", "tf_config"], "torch uses torchrun"),
+    (["--backend", "native", "--framework", "tensorflow", "--", "t.py", "--framework", "torch"],
+     "the command's --framework torch wins"),
+    (["--backend", "native", "--framework", "torch", "--fusion-threshold-mb", "8", "--timeline-file", "t.json"],
+     "--fusion-threshold-mb --timeline-file: Horovod's tuning"),
+    (["--backend", "native", "--framework", "torch", "--mpi"], "--mpi is a Horovod controller"),
+    (["--backend", "native", "--framework", "torch", "--emit", "mpijob", "--image", "x"], "PyTorchJob"),
+])
+def test_cli_torchrun_errors(args, needle):
+    argv = args if "--" in args else [*args, "--", "python", "t.py"]
+    one_line_error(toolkit("launch", "-np", "2", *argv), needle)
+
+
+def test_emit_slurm_with_torchrun_is_one_torchrun_per_node():
+    proc = toolkit("launch", "-np", "8", "-H", "n1:4,n2:4", "--framework", "torch", "--backend", "native", "--emit",
+                   "slurm", "--gpus", "--network-interface", "ib0", "--", "python", "examples/train.py")
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    sbatch = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines() if line.startswith("#SBATCH"))
+    assert sbatch == {"job-name": "toolkit", "nodes": "2", "ntasks": "2", "ntasks-per-node": "1", "time": "01:00:00",
+                      "gpus-per-node": "4"}
+    assert "export TOOLKIT_BACKEND=native" in script and "export GLOO_SOCKET_IFNAME=ib0 NCCL_SOCKET_IFNAME=ib0" in script
+    assert script.rstrip().splitlines()[-1] == (
+        "srun --kill-on-bad-exit=1 --cpu-bind=none torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
+        '--rdzv-endpoint "$head:29400" --rdzv-id "$SLURM_JOB_ID" --no-python python examples/train.py')
+    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=10)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+RANKS_SCRIPT = """\
+import os, sys, time
+if "FAIL_RANK" in os.environ:     # that rank fails at once (no torch import: quicker); torchrun stops the others
+    if os.environ["RANK"] == os.environ["FAIL_RANK"]:
+        print("rank failing on purpose", file=sys.stderr)
+        sys.exit(3)
+    time.sleep(60)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("sum", int(t), os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"])
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_job_runs_and_a_failed_ranks_code_is_the_jobs(tmp_path):
+    """Two ranks through `toolkit launch --backend native --framework torch` (torchrun, Gloo): each line
+    tagged with its rank; a rank exiting 3 makes the job exit 3, shown as its own lines and one line
+    naming it, without torchrun's ChildFailedError traceback and report."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    argv = ["launch", "--backend", "native", "--framework", "torch", "-np", "2", "--timeout", "120", "--",
+            "python", script]
+    proc = toolkit(*argv, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0]<stdout>:sum 3 0 2", "[1]<stdout>:sum 3 1 2"]
+    assert not proc.stderr, proc.stderr
+    from tests.conftest import clean_env
+    proc = toolkit(*argv, timeout=150, env=clean_env(FAIL_RANK="1"))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == ["[1]<stderr>:rank failing on purpose",
+                                        "toolkit: error: launch: rank 1 exited with code 3 (its output is above)"]
 
 
 def test_hostfile_formats_and_errors(tmp_path):
@@ -440,6 +615,68 @@ def test_mpiruns_ssh_banner_is_one_line_with_sshs_reason():
                                 "(root@hostb: Permission denied (publickey).); check that ssh to each of them "
                                 "works without a password"]
     assert relay_of("ssh: a warning\n[1,0]<stdout>:{}\n", 0) == (0, "[1,0]<stdout>:{}\nssh: a warning\n")
+
+
+# Recorded from torchrun 2.14 (`toolkit launch --backend native --framework torch -np 2`, rank 1 exits 3);
+# the ranks' lines carry launcher.TORCHRUN_TAG's `[rank]<std>:`. (stream, line) pairs.
+TORCHRUN_FAILURE = [("out", "[0]<std>:sum 3 0 2"), ("out", "[1]<std>:sum 3 1 2"),
+                    ("err", "[1]<std>:rank 1 failing"),
+                    ("err", "W1126 06:57:02.056000 19470 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                            "multiprocessing/api.py:1028] Sending process 19478 closing signal SIGTERM"),
+                    ("err", "E1126 06:57:02.245000 19470 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                            "multiprocessing/api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 19479) of binary: "
+                            "python")] + [("err", line) for line in """\
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1142, in <module>
+    main()
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+ok.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-26_06:52:05
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 15946)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 15946
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_06:52:04
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 3 (pid: 15947)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================""".splitlines()]
+
+
+def test_torchruns_failure_report_becomes_the_failed_ranks_lines_and_its_exit_code():
+    import io
+
+    from toolkit.launch.output import Relay
+
+    def relay(lines, returncode):
+        out, err = io.StringIO(), io.StringIO()
+        r = Relay(out, err)
+        for stream, text in lines:
+            r.line(text + "\n", out if stream == "out" else err)
+        return r.finish(returncode), out.getvalue().splitlines(), err.getvalue().splitlines()
+
+    code, out, err = relay(TORCHRUN_FAILURE, 1)
+    assert code == 3      # the root cause's, not rank 0's -15 (stopped by torchrun) listed first, nor torchrun's 1
+    assert out == ["[0]<stdout>:sum 3 0 2", "[1]<stdout>:sum 3 1 2"]
+    assert err == ["[1]<stderr>:rank 1 failing", "toolkit: error: launch: rank 1 exited with code 3 (its output is above)"]
+    said = [("err", "[1]<std>:toolkit: error: step 3: the loss is nan (not finite)")] + TORCHRUN_FAILURE[3:]
+    assert relay(said, 1)[2] == ["[1]<stderr>:toolkit: error: step 3: the loss is nan (not finite)"]
+    killed = [(s, t.replace("exitcode  : 3 ", "exitcode  : -9 ")) for s, t in TORCHRUN_FAILURE]
+    assert relay(killed, 1)[0] == 128 + 9
+    assert relay(TORCHRUN_FAILURE[:2], 0) == (0, ["[0]<stdout>:sum 3 0 2", "[1]<stdout>:sum 3 1 2"], [])
 
 
 def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """`toolkit plan`'s cost model (toolkit/planner/scaling.py) on known inputs, its calibration fit, what it records
 of the toolkit's own exchanges (toolkit/planner/plan.py), and the command's bad input."""
+import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -122,6 +124,151 @@ def test_step_time_stragglers_and_methods():
     assert cost.step_s == pytest.approx(0.1 + cluster.allgather(4e6, 8) + 0.002 + 8 * 0.001)
     local = scaling.Method("local", "local_sgd", local_steps=4)
     assert scaling.step_time(work, local, cluster, 8).comm_s == pytest.approx(cluster.allreduce(4 * 8e6, 8) / 4)
+
+
+# -- PyTorch DDP (methods ddp, ddp_fp16): fixed buckets instead of Horovod's cycles ---------------------
+
+MiB = 2 ** 20
+NODES = scaling.Cluster(8, scaling.Link(5e-6, 25e9 / 8), scaling.Link(2e-6, 300e9))     # the plan's defaults
+DDP = scaling.Method("ddp", "ddp")
+ONE_BUCKET = scaling.Method("ddp one bucket", "ddp", bucket_limits=(math.inf,))
+
+
+def random_workloads(count, seed=7, **kw):
+    """Models of 1 to 80 gradients from 4 bytes to 32 MiB, in backward order."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        values = tuple(rng.choice((1, 64, 4096, 2 ** 16, 2 ** 20, 2 ** 22)) * rng.randint(1, 8)
+                       for _ in range(rng.randint(1, 80)))
+        yield scaling.Workload(compute_s=rng.uniform(0.01, 0.3), tensor_values=values, **kw)
+
+
+def test_ddp_buckets_follow_torchs_assignment():
+    # in the order gradients become ready, a bucket closes once it holds its limit or more (it can end
+    # above it): 1 MiB for the first, 25 MiB for every other; what is left is the last bucket
+    assert scaling.DDP_BUCKET_LIMITS == (MiB, 25 * MiB)
+    sizes = [0.5 * MiB, 0.6 * MiB, 10 * MiB, 20 * MiB, 30 * MiB, 1 * MiB]
+    assert [list(b) for b in scaling.ddp_buckets(sizes)] == [[0, 1], [2, 3], [4], [5]]
+    assert [list(b) for b in scaling.ddp_buckets(sizes, (math.inf,))] == [list(range(6))]
+    assert [list(b) for b in scaling.ddp_buckets(sizes, (1,))] == [[i] for i in range(6)]
+    # the buckets are reduced in order on one stream: the second waits for the first, not only for its gradients
+    cost = lambda b: b                                    # noqa: E731  (a second a byte)
+    assert scaling.ddp_comm_end([0.05, 0.01], [0.01, 0.02], cost) == pytest.approx(0.07)
+    assert scaling.ddp_comm_end([0.01, 0.01], [0.01, 0.05], cost) == pytest.approx(0.06)
+
+
+def test_ddp_on_a_free_link_costs_only_the_compute():
+    free = scaling.Cluster(8, scaling.Link(0.0, math.inf), scaling.Link(0.0, math.inf))
+    for work in random_workloads(20):
+        for n in (2, 8, 64, 512):
+            for method in (DDP, ONE_BUCKET, scaling.Method("ddp_fp16", "ddp", value_bytes=2)):
+                cost = scaling.step_time(work, method, free, n)
+                assert cost.step_s == pytest.approx(work.compute_s) and cost.exposed_s == pytest.approx(0)
+        # Horovod's loop still waits for its next cycle after the last gradient: DDP has no cycle
+        assert scaling.step_time(work, scaling.Method("none", "horovod"), free, 8).step_s > work.compute_s
+
+
+def test_ddp_one_bucket_without_overlap_is_one_allreduce_after_the_backward_pass():
+    for work in random_workloads(20):
+        total = 4.0 * work.values
+        big = scaling.Method("ddp", "ddp", bucket_limits=(2 * total,))     # one bucket bigger than the model
+        late = replace(work, ready=(1.0,) * len(work.tensor_values))
+        # ready in proportion to bytes (the last at the end of the pass), every gradient at the end, or no
+        # backward pass to hide behind: one bucket waits for its last gradient, then the whole ring allreduce shows
+        for w in (work, late, replace(work, backward_fraction=0.0)):
+            for n in (2, 8, 64, 512):
+                for method in (big, ONE_BUCKET):
+                    cost = scaling.step_time(w, method, NODES, n)
+                    assert cost.step_s == pytest.approx(w.compute_s + NODES.allreduce(total, n))
+                    assert cost.comm_s == pytest.approx(NODES.allreduce(total, n))
+
+
+def test_ddp_smaller_buckets_with_overlap_never_slower_on_a_slow_link():
+    slow = scaling.Cluster(8, scaling.Link(0.0, 1e8), scaling.Link(0.0, 1e9))      # bandwidth-bound: no latency
+    faster = 0
+    for work in random_workloads(30):
+        for n in (8, 64):
+            buckets, one = (scaling.step_time(work, m, slow, n) for m in (DDP, ONE_BUCKET))
+            assert buckets.step_s <= one.step_s * (1 + 1e-12)
+            assert buckets.comm_s == pytest.approx(one.comm_s)                  # the same bytes, sent earlier
+            faster += buckets.step_s < 0.99 * one.step_s
+    assert faster >= 30                                                          # and often much earlier
+    # with latency every bucket pays 2(N-1) messages: 100 small gradients, one a bucket, at 512 GPUs lose
+    small = scaling.Workload(compute_s=0.1, tensor_values=(1000,) * 100)
+    each = scaling.Method("ddp", "ddp", bucket_limits=(1,))
+    one = scaling.step_time(small, ONE_BUCKET, NODES, 512).step_s
+    assert scaling.step_time(small, each, NODES, 512).step_s > one + 0.3
+
+
+def test_ddp_bytes_and_its_fp16_hook():
+    from toolkit.config import Config
+    from toolkit.planner import plan
+
+    shapes = [(1024, 1024), (1024,), (10, 1024), (10,)]
+    none, ddp, fp16 = plan.methods(Config(), ["none", "ddp", "ddp_fp16"], shapes, 0.0)
+    assert (ddp.kind, ddp.engine, ddp.lossless, fp16.engine, fp16.lossless) == ("ddp", "native", True, "native", False)
+    assert none.engine == "horovod" and ddp.bucket_limits == scaling.DDP_BUCKET_LIMITS
+    for work in random_workloads(10):
+        assert ddp.bytes_per_step(work) == none.bytes_per_step(work) == 4 * work.values
+        assert fp16.bytes_per_step(work) == 2 * work.values
+        assert scaling.step_time(work, fp16, NODES, 64).bytes_per_step == 2 * work.values
+        # the hook halves each bucket's bytes, not the buckets (they are filled by float32 gradients)
+        at_once = replace(work, backward_fraction=0.0)
+        float32 = [4.0 * v for v in work.tensor_values]
+        halves = [sum(float32[i] for i in b) / 2 for b in scaling.ddp_buckets(float32)]
+        assert scaling.step_time(at_once, fp16, NODES, 64).exposed_s == pytest.approx(
+            sum(NODES.allreduce(h, 64) for h in halves))
+
+
+def test_ddp_pays_no_horovod_negotiation():
+    # a calibrated link's per-collective overhead is Horovod's negotiation and cycle: DDP's NCCL ring has none
+    link = scaling.Link(5e-6, 25e9 / 8, overhead=2e-3)
+    cluster = scaling.Cluster(8, link, scaling.Link(2e-6, 300e9))
+    work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 8, backward_fraction=0.0)
+    total = 4.0 * work.values
+    assert scaling.step_time(work, ONE_BUCKET, cluster, 64).exposed_s == pytest.approx(
+        scaling.ring_allreduce(total, 64, scaling.Link(5e-6, 25e9 / 8)))
+    assert cluster.allreduce(total, 64) == pytest.approx(
+        scaling.ring_allreduce(total, 64, scaling.Link(5e-6, 25e9 / 8)) + 2e-3)             # Horovod's, with it
+
+
+def test_the_recommendation_names_the_faster_engine():
+    values = (1000,) * 100 + (2_000_000,) * 11
+    none, hier = scaling.Method("none", "horovod"), scaling.Method("hierarchical", "horovod", reduce="hierarchical")
+    # Horovod fuses whatever is ready each millisecond; DDP's last 25 MiB bucket waits for its last gradient
+    plan = scaling.Plan(scaling.Workload(0.1, values), NODES, [none, DDP], [8, 64]).run()
+    pick, why = plan.recommend()
+    assert pick.name == "none" and pick.engine == "horovod"
+    assert "; engine: horovod with none (9" in why and "over native (torch DDP) with ddp (" in why
+    # a calibrated link whose every Horovod collective costs 5 ms more (its negotiation): DDP wins
+    slow = scaling.Cluster(8, scaling.Link(5e-6, 25e9 / 8, overhead=5e-3), scaling.Link(2e-6, 300e9, overhead=5e-3))
+    plan = scaling.Plan(scaling.Workload(0.1, values), slow, [none, hier, DDP], [8, 64]).run()
+    pick, why = plan.recommend()
+    assert pick.name == "ddp" and pick.engine == "native"
+    assert "; engine: native (torch DDP) with ddp (" in why and "over horovod with " in why
+    # a link that costs nothing: neither engine is faster
+    free = scaling.Cluster(8, scaling.Link(0.0, math.inf), scaling.Link(0.0, math.inf))
+    _, why = scaling.Plan(scaling.Workload(0.1, values), free, [none, DDP], [8]).run().recommend()
+    assert "engine: either" in why
+    # Horovod's methods alone: no engine to compare
+    _, why = scaling.Plan(scaling.Workload(0.1, values), NODES, [none, hier], [64]).run().recommend()
+    assert "engine" not in why
+
+
+def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
+    bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
+             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024], [10, 1024], [10]]}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "8,64", "--methods", "none,ddp,ddp_fp16",
+                   "--compression-ms", "0", "--out", str(tmp_path / "plan"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    values = 1024 * 1024 + 1024 + 10 * 1024 + 10
+    assert f"| ddp | {4 * values:,} | " in proc.stdout and f"| ddp_fp16 | {2 * values:,} | " in proc.stdout
+    assert "engine: " in proc.stdout.splitlines()[-2]
+    result = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert result["engines"] == {"none": "horovod", "ddp": "native", "ddp_fp16": "native"}
+    assert [c["n"] for c in result["rows"]["ddp"]] == [8, 64] and result["engine"] in ("horovod", "native")
+    assert result["rows"]["ddp"][0]["bytes_per_step"] == 4 * values
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -117,7 +117,8 @@ def test_multi_worker_without_tf_config_is_a_clear_error():
 
 def test_a_failing_native_worker_stops_the_job():
     """The TF_CONFIG launcher: one worker exits 3 at once, the other would wait for it forever."""
-    proc = run([sys.executable, "-m", "toolkit", "launch", "--backend", "native", "-np", "2", "--timeout", "60",
+    proc = run([sys.executable, "-m", "toolkit", "launch", "--framework", "tensorflow", "--backend", "native", "-np", "2",
+                "--timeout", "60",
                 "--", sys.executable, "-c",
                 "import json, os, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
                 "sys.exit(3) if i == 1 else time.sleep(120)"], timeout=90)

@@ -1,4 +1,8 @@
-"""`toolkit launch`: start N ranks with horovodrun, plain mpirun, or as TensorFlow workers, with timeouts."""
+"""`toolkit launch`: start N ranks with horovodrun, plain mpirun, as TensorFlow workers or with torchrun, with timeouts.
+
+--backend native starts the framework's own workers: torchrun for torch, TF_CONFIG workers for TensorFlow.
+The framework is the ranks' own: the command's --framework, else TOOLKIT_FRAMEWORK, else this --framework,
+else the `framework` of the YAML file the command passes with --config; unknown, it is an error."""
 import argparse
 import os
 import sys
@@ -12,11 +16,12 @@ def register(sub) -> None:
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
     hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")
-    p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config"),
-                   help="default horovodrun; tf_config with --backend native")
+    p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config", "torchrun"),
+                   help="default horovodrun; with --backend native: torchrun (torch) or tf_config (tensorflow)")
     p.add_argument("--framework", default=None, help="sets TOOLKIT_FRAMEWORK for the ranks (unless set)")
     p.add_argument("--backend", default=None, choices=("horovod", "native"),
-                   help="native: TensorFlow workers with TF_CONFIG (MultiWorkerMirroredStrategy), no Horovod")
+                   help="native: no Horovod; torch ranks started by torchrun (torch.distributed), TensorFlow "
+                        "workers with TF_CONFIG (MultiWorkerMirroredStrategy)")
     ctl = p.add_mutually_exclusive_group()
     ctl.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="Gloo controller")
     ctl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="MPI controller")
@@ -29,7 +34,8 @@ def register(sub) -> None:
     tune.add_argument("--autotune", action="store_true", help="Horovod's autotuner (HOROVOD_AUTOTUNE=1)")
     tune.add_argument("--timeline-file", "--timeline-filename", dest="timeline_file", default=None,
                       help="Horovod timeline file (rank 0 writes it); the same as the config key timeline_file")
-    el = p.add_argument_group("elastic (Horovod elastic over Gloo; also the `elastic:` block of the command's --config)")
+    el = p.add_argument_group("elastic (Horovod elastic over Gloo, or torchrun's --nnodes MIN:MAX in whole hosts; "
+                              "also the `elastic:` block of the command's --config)")
     el.add_argument("--min-np", type=int, default=None, help="fewest workers the job goes on with")
     el.add_argument("--max-np", type=int, default=None, help="most workers")
     el.add_argument("--host-discovery-script", default=None, help="executable printing `host:slots` lines")
@@ -45,29 +51,38 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+NATIVE_LAUNCHERS = {"torch": "torchrun", "tensorflow": "tf_config"}    # --backend native: who starts the ranks
+HOROVOD_TUNING = ("fusion_threshold_mb", "cycle_time_ms", "autotune", "timeline_file")
+
+
 def run(args) -> int:
-    from toolkit import registry
+    from toolkit import config, registry
     from toolkit.errors import ToolkitError
     from toolkit.launch import launcher as launch
     from toolkit.launch.hosts import read_hostfile
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    launcher = args.launcher or ("tf_config" if args.backend == "native" else "horovodrun")
-    if args.backend == "native" and launcher != "tf_config":
-        raise ToolkitError(f"--backend native starts TensorFlow workers itself; drop --launcher {launcher}")
+    found = config.command_keys(command)
+    framework = _framework(args, command, found)
+    if framework is not None and args.backend is not None and args.backend not in registry.spec(framework).backends:
+        raise ToolkitError(f"--backend {args.backend} is not available for --framework {framework}; "
+                           f"use one of: {', '.join(registry.spec(framework).backends)}")
+    launcher = _launcher(args, framework)
     env = list(args.env)
     for key, value in (("framework", args.framework), ("backend", args.backend)):
         if value is not None and f"TOOLKIT_{key.upper()}" not in os.environ:
             env.append(f"TOOLKIT_{key.upper()}={value}")
-    if args.framework is not None and args.backend is not None and \
-            args.backend not in registry.spec(args.framework).backends:
-        raise ToolkitError(f"--backend {args.backend} is not available for --framework {args.framework}; "
-                           f"use one of: {', '.join(registry.spec(args.framework).backends)}")
+    tuning = ["--" + name.replace("_", "-") for name in HOROVOD_TUNING
+              if getattr(args, name) is not None and getattr(args, name) is not False]
+    if launcher == "torchrun" and tuning:
+        raise ToolkitError(f"{' '.join(tuning)}: Horovod's tuning, and torchrun's ranks run torch.distributed "
+                           f"without Horovod: drop {'it' if len(tuning) == 1 else 'them'}")
     env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_file)
     hosts = read_hostfile(args.hostfile) if args.hostfile else args.hosts
-    elastic = _elastic_settings(args, command)
+    elastic = _elastic_settings(args, found)
     for key, value in elastic.items():     # the ranks learn they run elastically, from flags too
-        if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ:
+        # (not under torchrun: it restarts the ranks, which resume from a checkpoint, no Horovod elastic)
+        if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ and launcher != "torchrun":
             env.append(f"TOOLKIT_ELASTIC_{key.upper()}={value}")
     spec = launch.LaunchSpec(min_np=elastic["min_np"], max_np=elastic["max_np"], discovery=elastic["discovery"],
                              command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
@@ -83,19 +98,64 @@ def run(args) -> int:
             sys.stdout.write(yaml.safe_dump(recipes.mpijob(spec, args.image, args.timeout, args.gpus), sort_keys=False))
         return 0
     if args.dry_run:
-        plans = launch.plan_workers(spec) if launcher == "tf_config" else [launch.command_line(spec)]
-        for argv, env in plans:
+        for argv, env in launch.commands(spec):
             print(launch.format_command(argv, env, os.environ))
         return 0
     return launch.run(spec, timeout=args.timeout)    # a failed rank's own line says why, its code is the job's
 
 
-def _elastic_settings(args, command) -> dict:
-    """min_np/max_np/discovery from the flags, else TOOLKIT_ELASTIC_*, else the `elastic:` block of the
-    YAML file the command passes with --config (one config for the launcher and the ranks)."""
-    from toolkit import config
+def _framework(args, command, found) -> str | None:
+    """The framework the ranks will run, by their own precedence: the command's --framework, TOOLKIT_FRAMEWORK
+    (this --framework becomes it unless it is set), the `framework` of the command's --config file; None if
+    none says. Under --backend native a --framework that the ranks would not run is an error."""
+    from toolkit.errors import ToolkitError
 
-    found = config.command_keys(command)
+    flag = _flag(command, "--framework")
+    ranks = flag or os.environ.get("TOOLKIT_FRAMEWORK") or args.framework or found.get("framework")
+    if args.backend == "native" and args.framework is not None and ranks != args.framework:
+        said = f"the command's --framework {flag}" if flag else f"TOOLKIT_FRAMEWORK={ranks} in the environment"
+        raise ToolkitError(f"--framework {args.framework}, but {said} wins on the ranks; make them the same")
+    return str(ranks) if ranks else None
+
+
+def _flag(command, name: str) -> str | None:
+    """The value of `name` on the command line (`name VALUE` or `name=VALUE`; the last one, as argparse)."""
+    value = None
+    for i, arg in enumerate(command):
+        if arg == name and i + 1 < len(command):
+            value = command[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _launcher(args, framework: str | None) -> str:
+    """--launcher, or the one --backend native needs for the framework."""
+    from toolkit.errors import ToolkitError
+
+    if args.backend != "native":
+        return args.launcher or "horovodrun"
+    if args.launcher in ("horovodrun", "mpirun"):
+        raise ToolkitError(f"--backend native starts the framework's own workers (torch: torchrun, tensorflow: "
+                           f"TF_CONFIG workers), without Horovod; drop --launcher {args.launcher}")
+    if framework is None:
+        if args.launcher:
+            return args.launcher
+        if args.controller:
+            raise ToolkitError(f"--{args.controller} is a Horovod controller; --backend native runs without "
+                               "Horovod: drop it")
+        raise ToolkitError("--backend native: torch ranks start with torchrun, TensorFlow's as TF_CONFIG workers, "
+                           "and nothing says which the command runs; add --framework torch or --framework tensorflow")
+    wanted = NATIVE_LAUNCHERS.get(framework)
+    if args.launcher and wanted and args.launcher != wanted:
+        raise ToolkitError(f"--launcher {args.launcher} does not start {framework}'s native workers; drop it "
+                           f"(--backend native with {framework} uses {wanted})")
+    return args.launcher or wanted
+
+
+def _elastic_settings(args, found) -> dict:
+    """min_np/max_np/discovery from the flags, else TOOLKIT_ELASTIC_*, else the `elastic:` block of the
+    YAML file the command passes with --config (`found`: one config for the launcher and the ranks)."""
     flags = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
     out = {}
     for key, flag_value in flags.items():

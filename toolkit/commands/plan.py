@@ -29,7 +29,8 @@ def register(sub) -> None:
                    help="coefficient of variation of a worker's step time, e.g. 0.05 (default 0)")
     p.add_argument("--backward-fraction", type=float, default=2 / 3,
                    help="share of the step that is the backward pass (default 0.667)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"methods to compare (default all: {','.join(METHODS)})")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"methods to compare (default all: {','.join(METHODS)}; "
+                   f"ddp and ddp_fp16 are PyTorch DDP's, the torch backend native, the others run on Horovod)")
     p.add_argument("--compression-ms", type=float, default=None,
                    help="the toolkit's compression work per step (ms) instead of timing it here with numpy")
     p.add_argument("--out", default="runs/plan", help="folder for plan.json, plan.png (default runs/plan)")

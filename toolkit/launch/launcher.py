@@ -1,9 +1,21 @@
-"""argv + environment for `horovodrun`, plain `mpirun`, or TensorFlow's own workers, with timeouts.
+"""argv + environment for `horovodrun`, plain `mpirun`, TensorFlow's own workers or torchrun, with timeouts.
 
-No framework import and no MPI needed to build a command: `plan()` and `plan_workers()` are pure
-and unit-tested. The `tf_config` launcher (`toolkit launch --backend native`) starts one process
-per worker itself (over ssh for other hosts) with each one's TF_CONFIG, for
-MultiWorkerMirroredStrategy; the first worker to fail stops the others.
+No framework import and no MPI needed to build a command: `plan()`, `plan_workers()` and
+`plan_torchrun()` are pure and unit-tested. The `tf_config` launcher (`toolkit launch --backend
+native` for TensorFlow) starts one process per worker itself (over ssh for other hosts) with each
+one's TF_CONFIG, for MultiWorkerMirroredStrategy; the first worker to fail stops the others.
+
+The `torchrun` launcher (`--backend native` for torch: torch.distributed) starts one torchrun per
+host (`python -m torch.distributed.run` of this Python), over ssh for other hosts as TF workers
+are: one host runs `--standalone`; several meet at a c10d rendezvous on the first host (a free
+port when it is this machine, else TORCHRUN_PORT; --start-timeout is its join_timeout). torchrun
+has one --nproc-per-node for every host, so -np must fill the hosts it uses (in -H order, as
+horovodrun fills slots) equally. The command runs as given (`--no-python`); each rank's lines are
+tagged with its global rank and shown as horovodrun's (`[1]<stderr>:`, output.py). Elastic
+(--min-np/--max-np) counts whole hosts: `--nnodes MIN:MAX --max-restarts 3`; torchrun restarts
+every worker after a failure or a change of hosts, and the restarted ranks run the command from
+the top: they resume from the newest checkpoint when their config names a checkpoint_dir and
+resume (nothing else survives a restart).
 """
 from __future__ import annotations
 
@@ -12,8 +24,10 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -21,8 +35,12 @@ from toolkit.errors import ToolkitError
 from toolkit.launch.hosts import check_hosts, free_port, is_local, parse_hosts, total_slots
 from toolkit.launch.processes import forward_sigterm, kill_group, run_workers, timed_out
 
-LAUNCHERS = ("horovodrun", "mpirun", "tf_config")
+LAUNCHERS = ("horovodrun", "mpirun", "tf_config", "torchrun")
 TF_CONFIG_BASE_PORT = 23456     # worker s on a remote host listens on base + s (local workers: free ports)
+TORCHRUN_PORT = 29400           # the rendezvous on a first host that is another machine (torchrun's default)
+TORCHRUN_MAX_RESTARTS = 3       # elastic: restarts of the worker group before the job fails
+# The prefix torchrun writes before each rank's line (its --tee); output.py makes it `[rank]<stdout|stderr>:`.
+TORCHRUN_TAG = "[${rank}]<std>:"
 CONTROLLERS = ("gloo", "mpi")
 # Variables every rank needs to see the same Python environment and the toolkit's settings.
 # TensorFlow's own by name: a bare `TF_` prefix also caught other tools' (Terraform's TF_CLI_CONFIG_FILE).
@@ -65,6 +83,9 @@ class LaunchSpec:
         if self.launcher == "tf_config" and self.controller is not None:
             raise ToolkitError(f"--{self.controller} is a Horovod controller; TensorFlow's native workers "
                                "(--backend native) talk through TF_CONFIG: drop it")
+        if self.launcher == "torchrun" and self.controller is not None:
+            raise ToolkitError(f"--{self.controller} is a Horovod controller; torchrun's ranks (--backend native) "
+                               "meet at its own rendezvous: drop it")
         if self.start_timeout < 1:
             raise ToolkitError(f"--start-timeout {self.start_timeout}: must be at least 1 second")
         slots = total_slots(self.hosts) if self.hosts else None
@@ -80,6 +101,8 @@ class LaunchSpec:
             raise ToolkitError(f"--ssh-identity-file {self.ssh_identity_file}: file not found; give the private key "
                                "that opens ssh on the other hosts")
 
+        if self.launcher == "torchrun":
+            torchrun_nodes(self)            # -np fills the hosts it uses equally
         self._check_elastic()
 
     @property
@@ -89,16 +112,29 @@ class LaunchSpec:
     def _check_elastic(self) -> None:
         if not self.elastic:
             if self.max_np is not None:
-                raise ToolkitError("--max-np applies to elastic jobs; add --min-np or --host-discovery-script")
+                raise ToolkitError("--max-np applies to elastic jobs; add --min-np" +
+                                   ("" if self.launcher == "torchrun" else " or --host-discovery-script"))
             return
-        if self.launcher != "horovodrun":
-            raise ToolkitError(f"elastic training is horovodrun's (Horovod elastic); drop --launcher {self.launcher}")
+        if self.launcher not in ("horovodrun", "torchrun"):
+            raise ToolkitError(f"elastic training is horovodrun's (Horovod elastic) or torchrun's (--backend native "
+                               f"with torch); drop --launcher {self.launcher}")
+        if self.launcher == "torchrun" and self.discovery is not None:
+            raise ToolkitError("--host-discovery-script is Horovod elastic's; torchrun has none (its nodes join "
+                               "at the rendezvous, --min-np/--max-np bound them): drop it")
         if self.controller == "mpi":
             raise ToolkitError("Horovod elastic runs over Gloo only; drop --mpi")
         low, high = self.min_np or self.np, self.max_np
         if low < 1 or low > self.np or (high is not None and self.np > high):
             raise ToolkitError(f"elastic sizes must satisfy 1 <= --min-np ({low}) <= -np ({self.np}) <= --max-np "
                                f"({high}); fix the one out of order")
+        if self.launcher == "torchrun":
+            per = torchrun_nodes(self)[0][1]
+            for flag, value in (("--min-np", low), ("--max-np", high)):
+                if value is not None and value % per:
+                    raise ToolkitError(f"{flag} {value}: torchrun's elastic unit is a node of {per} rank(s) (-np "
+                                       f"{self.np} on -H {self.hosts or f'localhost:{self.np}'}); give a multiple "
+                                       f"of {per}")
+            return
         if self.discovery is None:
             if len(parse_hosts(self.hosts or "localhost:1")) < 2:
                 raise ToolkitError("elastic training needs --host-discovery-script, or -H with at least two hosts")
@@ -198,17 +234,82 @@ def plan_workers(spec: LaunchSpec, environ: Mapping[str, str] | None = None,
         env = dict(base, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                                "task": {"type": "worker", "index": index}}))
         argv = list(spec.extra) + list(spec.command)
-        if not is_local(host):   # the same environment on the other host, through ssh
-            # PATH: this virtualenv's bin/ first, then the remote host's own PATH (expanded there),
-            # so a bare `python` is the venv's, as on this host.
-            names = [k for k in _passed_names(env) if k != "PATH"] + ["TF_CONFIG"]
-            remote_path = f'PATH={shlex.quote(os.path.dirname(sys.executable))}:"$PATH"'
-            line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env", remote_path] +
-                            [f"{k}={shlex.quote(env[k])}" for k in sorted(set(names))] +
-                            [shlex.quote(a) for a in argv])
-            argv = ["ssh", "-o", "BatchMode=yes", *spec.ssh_options(), host, line]
+        if not is_local(host):
+            argv = _over_ssh(spec, host, argv, env, ["TF_CONFIG"])
         out.append((argv, env))
     return out
+
+
+def _over_ssh(spec: LaunchSpec, host: str, argv: list[str], env: Mapping[str, str], names: Sequence[str]) -> list[str]:
+    """`argv` on `host` through ssh, in this directory, with the variables every rank is passed and `names`."""
+    # PATH: this virtualenv's bin/ first, then the remote host's own PATH (expanded there),
+    # so a bare `python` is the venv's, as on this host.
+    names = [k for k in _passed_names(env) if k != "PATH"] + list(names)
+    remote_path = f'PATH={shlex.quote(os.path.dirname(sys.executable))}:"$PATH"'
+    line = " ".join(["cd", shlex.quote(os.getcwd()), "&&", "env", remote_path] +
+                    [f"{k}={shlex.quote(env[k])}" for k in sorted(set(names))] +
+                    [shlex.quote(a) for a in argv])
+    return ["ssh", "-o", "BatchMode=yes", *spec.ssh_options(), host, line]
+
+
+def torchrun_nodes(spec: LaunchSpec) -> list[tuple[str, int]]:
+    """(host, ranks) per host torchrun runs on: -np fills the hosts' slots in order (horovodrun's rule);
+    torchrun starts the same number on each (one --nproc-per-node), so the hosts it uses must come out equal."""
+    hosts = spec.hosts or f"localhost:{spec.np}"
+    nodes, left = [], spec.np
+    for host, slots in parse_hosts(hosts):
+        if left <= 0:
+            break
+        nodes.append((host, min(slots, left)))
+        left -= nodes[-1][1]
+    counts = [n for _, n in nodes]
+    if len(set(counts)) > 1:
+        whole = counts[0] * (len(counts) - 1)
+        raise ToolkitError(f"-np {spec.np} on -H {hosts} puts {'+'.join(map(str, counts))} ranks on its hosts, but "
+                           f"torchrun starts the same number on each (--nproc-per-node): use -np {whole}, or give "
+                           "every host the same slots and -np a multiple of them")
+    return nodes
+
+
+def torchrun_size(spec: LaunchSpec, nodes: int, per_node: int) -> list[str]:
+    """--nnodes for `nodes` hosts of `per_node` ranks; elastic: the range of nodes and the restarts."""
+    if not spec.elastic:
+        return ["--nnodes", str(nodes)]
+    low = (spec.min_np or spec.np) // per_node
+    high = spec.max_np // per_node if spec.max_np else nodes
+    return ["--nnodes", f"{low}:{high}", "--max-restarts", str(TORCHRUN_MAX_RESTARTS)]
+
+
+def plan_torchrun(spec: LaunchSpec, environ: Mapping[str, str] | None = None, port=free_port,
+                  job_id: Optional[str] = None) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, env) per host: one torchrun each (this Python's torch.distributed.run), the command as given."""
+    env = worker_env(spec, environ)
+    nodes = torchrun_nodes(spec)
+    per = nodes[0][1]
+    if per > 1:     # what torchrun sets itself, after a 4-line banner saying so
+        env.setdefault("OMP_NUM_THREADS", "1")
+    ifname = {}
+    if spec.network_interface:
+        ifname = {"GLOO_SOCKET_IFNAME": spec.network_interface, "NCCL_SOCKET_IFNAME": spec.network_interface}
+        env.update(ifname)
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    tail = ["--tee", "3", "--log-line-prefix-template", TORCHRUN_TAG, *spec.extra, "--no-python", *spec.command]
+    if len(nodes) == 1 and not spec.elastic:
+        argvs = [torchrun + ["--standalone", "--nproc-per-node", str(per)] + tail]
+    else:
+        first = nodes[0][0]
+        if is_local(first):     # the others reach this machine by its name
+            remote = any(not is_local(host) for host, _ in nodes)
+            endpoint = f"{socket.gethostname() if remote else 'localhost'}:{port()}"
+        else:
+            endpoint = f"{first}:{TORCHRUN_PORT}"
+        rendezvous = torchrun_size(spec, len(nodes), per) + [
+            "--nproc-per-node", str(per), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", job_id or f"toolkit-{uuid.uuid4().hex[:12]}",
+            "--rdzv-conf", f"join_timeout={spec.start_timeout}"]
+        argvs = [torchrun + rendezvous + tail for _ in nodes]
+    return [(argv if is_local(host) else _over_ssh(spec, host, argv, env, list(ifname)), env)
+            for (host, _), argv in zip(nodes, argvs)]
 
 
 def format_command(argv: Sequence[str], env: Mapping[str, str], base: Mapping[str, str]) -> str:
@@ -226,11 +327,26 @@ def command_line(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> 
     return argv, env
 
 
+def commands(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> list[tuple[list[str], dict[str, str]]]:
+    """Every process `run` starts, (argv, env) each: one launcher, or one per worker (tf_config) or host (torchrun)."""
+    if spec.launcher == "tf_config":
+        return plan_workers(spec, environ)
+    if spec.launcher == "torchrun":
+        return plan_torchrun(spec, environ)
+    return [command_line(spec, environ)]
+
+
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
     if spec.launcher == "tf_config":
         check_hosts(spec)
         return run_workers(plan_workers(spec, environ), timeout)
+    if spec.launcher == "torchrun":
+        check_hosts(spec)
+        if any(is_local(host) for host, _ in torchrun_nodes(spec)) and importlib.util.find_spec("torch") is None:
+            raise ToolkitError(f"launch: torchrun is torch's; torch is not installed in {sys.executable} "
+                               "(pip install torch)")
+        return run_workers(plan_torchrun(spec, environ), timeout, tagged=True)
     check_hosts(spec)
     argv, env = command_line(spec, environ)
     if argv[0] != sys.executable and shutil.which(argv[0], path=env.get("PATH")) is None:

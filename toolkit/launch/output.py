@@ -12,6 +12,12 @@ a `toolkit: error:` line of its own gets one from the launcher. A launcher that 
 (no rank did) is reduced to its last line, e.g. horovodrun's ssh check. Anything not recognised is
 printed as it came. mpirun's banner for daemons it could not start over ssh is reduced to ssh's own
 lines (`Permission denied (publickey)`, `Host key verification failed.`).
+
+torchrun (launcher.py) tags its ranks' lines `[rank]<std>:` on either stream; they are shown as
+horovodrun's, `[rank]<stdout>:` or `[rank]<stderr>:`. When a rank fails, torchrun logs which one,
+raises ChildFailedError (a 20-line traceback) and prints a report whose "Root Cause" names the
+rank and its exit code (the ranks it stopped itself are listed above it, exit code -15): that is
+held back and dropped like horovodrun's, and a rank killed by signal N exits 128 + N.
 """
 from __future__ import annotations
 
@@ -23,13 +29,17 @@ from typing import IO
 from toolkit.messages import line
 
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+TORCHRUN_TAG = re.compile(r"^\[(\d+)\]<std>:")     # launcher.TORCHRUN_TAG, which does not say the stream
+TORCHRUN_LOG = r"[WE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/"    # torchrun's own warnings and errors
 SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
                        r"Process \d+ exit with status code [1-9]\d*\.|Terminating remaining workers|"
-                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: |" + SSH_SAID.pattern[1:] + ")")
+                       r"ssh not successful for host |\[[^\]]+\] \S+ ORTE_ERROR_LOG: |={20,}\s*$|" + TORCHRUN_LOG +
+                       "|" + SSH_SAID.pattern[1:] + ")")
 SSH_FAILED = re.compile(r"^ssh not successful for host (\S+?):?\s*$")
-EXIT_CODE = re.compile(r"^\s*Exit code:\s+(\d+)\s*$")
-PROCESS = re.compile(r"^\s*Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$")
+EXIT_CODE = re.compile(r"^\s*(?:Exit code:\s+(\d+)\s*$|exitcode\s*:\s*(-?\d+) )")    # horovodrun/mpirun, torchrun
+PROCESS = re.compile(r"^\s*(?:Process name:\s+(?:\[\[\d+,\d+\],)?(\d+)\]?\s*$|rank\s*:\s*(\d+) )")
+ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):")     # torchrun's report: the rank that failed
 ABORT_RANK = re.compile(r"^MPI_ABORT was invoked on rank (\d+) ")      # mpirun's banner for MPI_Abort
 ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
 ORTE_LOG = re.compile(r"^\[[^\]]+\] \S+ ORTE_ERROR_LOG: ")    # Open MPI's own internal errors
@@ -47,10 +57,13 @@ class Relay:
         self.rank_errors = 0
         self.failed_rank: str | None = None
         self.rank_code: int | None = None
+        self.root_cause = False
 
     def line(self, text: str, stream: IO[str], rank: int | None = None) -> None:
         """One line of the launcher's (`rank` None) or of a worker the toolkit started itself."""
         with self.lock:
+            if m := TORCHRUN_TAG.match(text):
+                text = f"[{m.group(1)}]<{'stderr' if stream is self.err else 'stdout'}>:" + text[m.end():]
             if rank is not None or TAG.match(text):
                 if TAG.sub("", text).strip() == "Terminated":   # the shell of a rank the launcher stopped
                     return
@@ -62,10 +75,13 @@ class Relay:
                 self._write(stream, text)
                 return
             self.held.append((stream, text))
+            if ROOT_CAUSE.match(text) and not self.root_cause:   # not the ranks torchrun stopped, listed first
+                self.root_cause, self.rank_code, self.failed_rank = True, None, None
             if (m := EXIT_CODE.match(text) or ABORT_CODE.match(text)) and self.rank_code is None:
-                self.rank_code = int(m.group(1))
+                code = int(next(g for g in m.groups() if g is not None))
+                self.rank_code = 128 - code if code < 0 else code       # torchrun: -N for signal N
             if (m := PROCESS.match(text) or ABORT_RANK.match(text)) and self.failed_rank is None:
-                self.failed_rank = m.group(1)
+                self.failed_rank = next(g for g in m.groups() if g is not None)
 
     @staticmethod
     def _write(stream: IO[str], text: str) -> None:

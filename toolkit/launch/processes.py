@@ -1,5 +1,6 @@
-"""The processes of a launched job: the TensorFlow workers the toolkit starts itself (the first to fail
-stops the others), a launcher's SIGTERM passed to its local ranks, whole process groups stopped."""
+"""The processes of a launched job: the TensorFlow workers and the torchruns (one per host) the toolkit
+starts itself (the first to fail stops the others), a launcher's SIGTERM passed to its local ranks,
+whole process groups stopped."""
 from __future__ import annotations
 
 import os
@@ -18,15 +19,17 @@ def timed_out(timeout: float) -> ToolkitError:
                         "raise --timeout if it needs longer", code=124)
 
 
-def run_workers(workers, timeout: Optional[float]) -> int:
-    """Start every worker; the first non-zero exit stops the rest and is the job's exit code."""
+def run_workers(workers, timeout: Optional[float], tagged: bool = False) -> int:
+    """Start every worker; the first non-zero exit stops the rest and is the job's exit code. `tagged`:
+    each process is a launcher that tags its ranks' lines itself (torchrun): its own lines, its failure
+    report among them, are the relay's to settle, and a failed rank's code is the job's."""
     from toolkit.launch.output import Relay
 
     relay = Relay()
     procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, errors="replace", bufsize=1) for argv, env in workers]
     forward_sigterm(*procs)
-    pumps = [relay.pump(pipe, stream, rank) for rank, p in enumerate(procs)
+    pumps = [relay.pump(pipe, stream, None if tagged else rank) for rank, p in enumerate(procs)
              for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
     deadline = None if timeout is None else time.monotonic() + timeout
     failed = None
@@ -47,10 +50,12 @@ def run_workers(workers, timeout: Optional[float]) -> int:
                 kill_group(p)
         for pump in pumps:          # the workers are gone: their last lines are in the pipes
             pump.join(timeout=5)
+    if tagged:
+        return relay.finish(failed[1] if failed else 0)
     return relay.worker_failed(*failed) if failed else 0
 
 
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "TF_CONFIG")
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "TF_CONFIG", "TORCHELASTIC_RUN_ID")
 
 
 def local_ranks(proc: subprocess.Popen) -> list:

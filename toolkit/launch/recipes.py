@@ -1,9 +1,12 @@
 """`toolkit launch --emit slurm|mpijob`: the same launch as a cluster recipe, printed, not run.
 
 - slurm: an sbatch script; `srun` starts one task per slot (Horovod finds its MPI rank through
-  PMIx), with the job's environment exported, and the whole step stops when one rank fails.
+  PMIx), with the job's environment exported, and the whole step stops when one rank fails. With
+  the torchrun launcher (--backend native, torch): one task per node, each a torchrun starting the
+  node's ranks, meeting at a c10d rendezvous on the job's first node (port 29400); no preemption
+  requeue there (torchrun exits 1 whatever its ranks' code: a preemption's 75 cannot be told apart).
 - mpijob: a Kubeflow MPI Operator (v2beta1) manifest: one launcher pod running `mpirun` and one
-  worker pod per node, all from `--image`; one GPU per slot with `--gpus`.
+  worker pod per node, all from `--image`; one GPU per slot with `--gpus`. Not for torchrun.
 
 Nodes and slots per node come from -H / --hostfile (every host must have the same slots) or, without
 them, one node with -np slots. Pure functions of the LaunchSpec: unit-tested, no cluster needed.
@@ -15,7 +18,7 @@ import shlex
 from typing import Optional
 
 from toolkit.errors import ToolkitError
-from toolkit.launch.launcher import LaunchSpec, parse_hosts
+from toolkit.launch.launcher import TORCHRUN_PORT, LaunchSpec, parse_hosts, torchrun_size
 from toolkit.run.preemption import EXIT_CODE
 
 EMITS = ("slurm", "mpijob")
@@ -38,6 +41,8 @@ def _time(seconds: Optional[float]) -> str:
 
 
 def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False, name: str = "toolkit") -> str:
+    if spec.launcher == "torchrun":
+        return _slurm_torchrun(spec, timeout, gpus, name)
     nodes, per_node = nodes_and_slots(spec)
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={name}",
@@ -76,6 +81,33 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
 GRACE_SECONDS = 120     # SIGTERM this long before the end: enough for a step and a checkpoint
 
 
+def _slurm_torchrun(spec: LaunchSpec, timeout: Optional[float], gpus: bool, name: str) -> str:
+    nodes, per_node = nodes_and_slots(spec)
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={name}",
+             f"#SBATCH --nodes={nodes}",
+             f"#SBATCH --ntasks={nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --time={_time(timeout)}"]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={per_node}")
+    lines += [f"# Made by `toolkit launch --emit slurm`: one torchrun per node starts its {per_node} rank(s); they",
+              f"# meet at the c10d rendezvous on the first node (port {TORCHRUN_PORT}).",
+              "set -euo pipefail"]
+    lines += [f"export {shlex.quote(item.split('=', 1)[0])}={shlex.quote(item.split('=', 1)[1])}" for item in spec.env]
+    lines.append("export PYTHONUNBUFFERED=1")
+    if spec.network_interface:
+        lines.append(f"export GLOO_SOCKET_IFNAME={shlex.quote(spec.network_interface)}"
+                     f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
+    lines.append('head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+    torchrun = ["torchrun", *torchrun_size(spec, nodes, per_node), "--nproc-per-node", str(per_node),
+                "--rdzv-backend", "c10d"]
+    lines.append("srun --kill-on-bad-exit=1 --cpu-bind=none " + " ".join(shlex.quote(a) for a in torchrun) +
+                 f' --rdzv-endpoint "$head:{TORCHRUN_PORT}" --rdzv-id "$SLURM_JOB_ID" --no-python ' +
+                 " ".join(shlex.quote(a) for a in spec.command))
+    return "\n".join(lines) + "\n"
+
+
 def _checkpoint_dir(spec: LaunchSpec) -> Optional[str]:
     """The ranks' checkpoint_dir (a preempted job can only resume with one), by their own precedence as far as
     the recipe shows it: the command's --checkpoint-dir, else a TOOLKIT_CHECKPOINT_DIR given with --env (the
@@ -101,6 +133,9 @@ def _checkpoint_dir(spec: LaunchSpec) -> Optional[str]:
 def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = None, gpus: bool = False,
            name: str = "toolkit") -> dict:
     """The manifest as a dict (the CLI prints it as YAML)."""
+    if spec.launcher == "torchrun":
+        raise ToolkitError("--emit mpijob writes an MPIJob, which starts mpirun; torchrun's ranks (--backend native) "
+                           "run in a Kubeflow PyTorchJob: write one, or use --emit slurm")
     if not image:
         raise ToolkitError("--emit mpijob needs --image IMAGE: the image every pod runs (docker/build.sh makes one)")
     nodes, per_node = nodes_and_slots(spec)

@@ -7,9 +7,11 @@ calibration file (benchmarks/scaling_calibrate.py). Each method's bytes come fro
 toolkit/exchange/communication.py), and the toolkit's exchanges (bf16, int8, topk, powersgd) are run once
 here on gradients of the model's shapes, through a recorder in place of the collectives, which
 notes each collective and its bytes (`record`); the same run times their compression work on this
-machine's CPU (numpy), unless `--compression-ms` gives it. toolkit/planner/scaling.py prices it all.
+machine's CPU (numpy), unless `--compression-ms` gives it. PyTorch DDP (ddp, ddp_fp16: the other
+engine, torch's backend native) sends 4 bytes a value in torch's default buckets (2 with its fp16
+hook). toolkit/planner/scaling.py prices it all.
 Output: a table (efficiency and samples/s per method and GPU count), plan.json, plan.png and the
-method recommended, with its reason.
+method recommended (and, with both engines' methods in the plan, which engine), with its reason.
 """
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ from toolkit.planner import scaling
 from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
 
-# Horovod's path (its compressions, then its other ways to reduce), then the toolkit's exchanges,
-# then local SGD: the first is the baseline.
+# Horovod's path (its compressions, then its other ways to reduce), then PyTorch DDP's (the torch
+# backend native: plain, and with its fp16 communication hook; the bf16 hook sends the same bytes),
+# then the toolkit's exchanges, then local SGD: the first is the baseline.
 EXCHANGES = registry.TOOLKIT_COMPRESSIONS
-METHODS = (*registry.HOROVOD_COMPRESSIONS, "hierarchical", "adasum", "no_fusion", *EXCHANGES, "local_sgd")
+DDP = ("ddp", "ddp_fp16")
+METHODS = (*registry.HOROVOD_COMPRESSIONS, "hierarchical", "adasum", "no_fusion", *DDP, *EXCHANGES, "local_sgd")
 _COMMUNICATION_KEYS = ("compression", "topk_ratio", "powersgd_rank", "powersgd_warmup_steps", "dgc",
                        "dgc_warmup_epochs", "dgc_masking", "error_feedback", "sync", "local_steps",
                        "sync_warmup_steps", "op")
@@ -148,11 +152,15 @@ def methods(config: Config, names: list[str], shapes: list, compression_s: float
         "adasum": scaling.Method("adasum", "horovod", reduce="adasum", lossless=False),
         "no_fusion": scaling.Method("no_fusion", "horovod", fusion_bytes=0),
     }
+    ddp = {"ddp": scaling.Method("ddp", "ddp"),      # torch's default buckets (Horovod's knobs do not apply)
+           "ddp_fp16": scaling.Method("ddp_fp16", "ddp", value_bytes=2, lossless=False)}
     out = []
     for name in names:
         if name in horovod:
             method = horovod[name]
             out.append(scaling.with_fusion(method, None if name == "no_fusion" else fusion, cycle))
+        elif name in ddp:
+            out.append(ddp[name])
         elif name == "local_sgd":
             k = config.local_steps or unset_default("local_steps")
             out.append(scaling.Method(f"local_sgd k={k}", "local_sgd", local_steps=k, lossless=False))
@@ -225,7 +233,8 @@ def run(config: Config, worker: OneWorker, cluster: scaling.Cluster, gpus: list[
     print(f"recommended: {pick.name}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps({
-        "title": title, "recommended": pick.name, "reason": why, "gpus": gpus,
+        "title": title, "recommended": pick.name, "engine": pick.engine, "reason": why, "gpus": gpus,
+        "engines": {m.name: m.engine for m in plan.methods},
         "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency, bytes_per_step=m.bytes_per_step(workload),
                                samples_per_s=c.n * worker.samples_per_step / c.step_s) for c in plan.rows[m.name]]
                  for m in plan.methods}}, indent=1) + "\n")

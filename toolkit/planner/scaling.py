@@ -18,12 +18,21 @@ then combines across nodes by recursive vector halving and distance doubling: 2 
 A step (`step_time`) is one worker's compute (forward, backward, optimizer: measured at one worker)
 plus the part of the communication that does not hide behind the backward pass:
 - Horovod's path (none, fp16, hierarchical, adasum): gradients become ready during the backward
-  pass, last layer first, when the pass has done the compute that precedes them (`Workload.ready`;
-  unknown, in proportion to their bytes, which is late for big cheap layers such as VGG's fully
-  connected ones); Horovod's background loop wakes every cycle
+  pass, last layer first, when the pass has done the compute that precedes them (`ready_times`,
+  from `Workload.ready`; unknown, in proportion to their bytes, which is late for big cheap layers
+  such as VGG's fully connected ones); Horovod's background loop wakes every cycle
   time, fuses the ready gradients into buffers of up to the fusion threshold and reduces them one
   after another (`horovod_comm_end`), so only what is still being sent when the backward pass ends
   adds to the step.
+- PyTorch DDP's path (ddp, ddp_fp16: the torch backend `native`): the same gradients ready at the
+  same times, in fixed buckets instead of Horovod's cycles (`ddp_buckets`: in the order the
+  gradients become ready, a bucket closes once it holds its limit or more: 1 MiB for the first,
+  `bucket_cap_mb` = 25 MiB for the rest, float32 bytes); a bucket's ring allreduce starts once its
+  last gradient is ready and the bucket before it has started, and one communication stream runs
+  them in order (`ddp_comm_end`). No cycle, no negotiation (a calibrated link's per-collective
+  overhead, fitted on Horovod's collectives, is left out), no copy into a fusion buffer (nor
+  Horovod's copy, which the model leaves out too). The fp16/bf16 communication hooks send each
+  bucket in 2 bytes a value.
 - The toolkit's exchange (bf16, int8, topk: allgathers; powersgd: two allreduces) runs after the
   backward pass on all gradients at once, plus its compression work (compress once, decompress
   and add every rank's payload: N times for the allgathered methods).
@@ -48,6 +57,9 @@ from toolkit.errors import ToolkitError
 
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's defaults (horovod/common/operations.cc)
 HOROVOD_CYCLE_S = 1e-3
+# torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
+# (bucket_cap_mb's default, 25 MiB), as torch/nn/parallel/distributed.py passes them to its Reducer
+DDP_BUCKET_LIMITS = (1024 * 1024, 25 * 1024 * 1024)
 
 
 # -- units ----------------------------------------------------------------------------------------
@@ -168,27 +180,32 @@ def expected_max_normal(n: int) -> float:
     return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
+def ready_times(tensor_bytes: list[float], backward_s: float, ready_fractions=None) -> list[float]:
+    """When each gradient is ready, in seconds from the backward pass's start. `tensor_bytes`: each
+    gradient's bytes, in the order the backward pass produces them, each ready at its
+    `ready_fractions` of the pass (what share of the backward compute is done by then), or, without
+    them, when the pass has done its share in proportion to bytes."""
+    if ready_fractions:
+        return [backward_s * f for f in ready_fractions]
+    total, ready, acc = sum(tensor_bytes), [], 0.0
+    for b in tensor_bytes:
+        acc += b
+        ready.append(backward_s * acc / total if total else backward_s)
+    return ready
+
+
 def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, fusion_bytes: float,
                      cycle_s: float, ready_fractions: list[float] | None = None) -> float:
     """When the last gradient has been reduced, in seconds from the backward pass's start.
 
-    `tensor_bytes`: each gradient's bytes on the wire, in the order the backward pass produces them,
-    each ready at its `ready_fractions` of the pass (what share of the backward compute is done
-    by then), or, without them, when the pass has done its share in proportion to bytes. Horovod's loop starts a
+    `tensor_bytes`: each gradient's bytes on the wire, ready as `ready_times` says. Horovod's loop starts a
     cycle at least `cycle_s` after the last one began and after its work ended (its phase against the
     step is arbitrary: the first tick half a cycle into the pass, the mean), fuses the gradients
     ready by then into buffers of up to `fusion_bytes` (one that is larger goes alone; 0: no fusion)
     and reduces the buffers one after another, `reduce_cost(bytes)` each."""
-    total = sum(tensor_bytes)
-    if not tensor_bytes or total == 0:
+    if not tensor_bytes or sum(tensor_bytes) == 0:
         return 0.0
-    if ready_fractions:
-        ready = [backward_s * f for f in ready_fractions]
-    else:
-        ready, acc = [], 0.0
-        for b in tensor_bytes:
-            acc += b
-            ready.append(backward_s * acc / total)
+    ready = ready_times(tensor_bytes, backward_s, ready_fractions)
     start, end, i = -cycle_s / 2, 0.0, 0
     while i < len(tensor_bytes):
         start = max(start + cycle_s, end)
@@ -203,6 +220,32 @@ def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, 
             buffer += tensor_bytes[i]
             i += 1
         end += reduce_cost(buffer)
+    return end
+
+
+def ddp_buckets(tensor_bytes: list[float], limits=DDP_BUCKET_LIMITS) -> list[range]:
+    """DDP's buckets, as torch's Reducer rebuilds them after the first step (compute_bucket_assignment_by_size
+    on the gradients in the order they became ready): each gradient joins the open bucket, which closes
+    once it holds its limit or more (so a bucket can end above its limit); the first bucket's limit is
+    `limits[0]`, the next one's the next, the last limit holds for all the rest. Each bucket is the
+    range of the gradients' indices it holds."""
+    out, start, size, k = [], 0, 0.0, 0
+    for i, b in enumerate(tensor_bytes):
+        size += b
+        if size >= limits[k]:
+            out.append(range(start, i + 1))
+            start, size, k = i + 1, 0.0, min(k + 1, len(limits) - 1)
+    return out + ([range(start, len(tensor_bytes))] if start < len(tensor_bytes) else [])
+
+
+def ddp_comm_end(bucket_bytes: list[float], bucket_ready: list[float], reduce_cost) -> float:
+    """When DDP's last bucket has been reduced, in seconds from the backward pass's start: bucket i's
+    allreduce (`reduce_cost(bytes)`) is launched once its last gradient is ready (`bucket_ready`) and
+    bucket i-1's was launched (its Reducer launches them in order), and the one communication
+    stream runs them one after another."""
+    end = 0.0
+    for size, ready in zip(bucket_bytes, bucket_ready):
+        end = max(end, ready) + reduce_cost(size)
     return end
 
 
@@ -224,21 +267,29 @@ class Workload:
 @dataclass(frozen=True)
 class Method:
     """How a step's gradients travel. kind: 'horovod' (fused allreduces overlapped with the backward
-    pass; `reduce` is allreduce, hierarchical or adasum), 'exchange' (the toolkit's, after the
+    pass; `reduce` is allreduce, hierarchical or adasum), 'ddp' (PyTorch DDP: allreduces of fixed
+    buckets overlapped with the backward pass), 'exchange' (the toolkit's, after the
     backward pass: `collectives` of (kind, bytes per rank)), or 'local_sgd' (model average every
-    `local_steps`)."""
+    `local_steps`). `value_bytes`: bytes a gradient value on the wire (2: fp16, or DDP's fp16/bf16 hook)."""
     name: str
     kind: str
     value_bytes: float = 4.0
     reduce: str = "allreduce"
     fusion_bytes: float = HOROVOD_FUSION_BYTES
     cycle_s: float = HOROVOD_CYCLE_S
+    bucket_limits: tuple = DDP_BUCKET_LIMITS      # kind 'ddp': the first bucket's limit, then every other's (bytes)
     collectives: tuple = ()           # ('allgather' | 'allreduce', bytes) for kind 'exchange'
     compress_s: float = 0.0           # compress once per step (exchange)
     decode_s: float = 0.0             # decompress and add one rank's payload (allgathered methods)
     local_steps: int = 1
     lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
     note: str = ""
+
+    @property
+    def engine(self) -> str:
+        """Which backend runs it: 'native' (torch DDP) for kind 'ddp'; 'horovod' for the rest (the
+        toolkit's exchange and local SGD run on the Horovod backend's collectives)."""
+        return "native" if self.kind == "ddp" else "horovod"
 
     def bytes_per_step(self, workload: Workload) -> float:
         """What one worker hands to collectives per step (bytes_sent_per_step's meaning)."""
@@ -269,14 +320,23 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
     if n <= 1:       # Horovod reduces nothing in a 1-worker job; the toolkit's exchange still compresses
         extra = method.compress_s + method.decode_s if method.kind == "exchange" else 0.0
         return StepCost(1, compute + extra, compute, 0.0, extra, 0.0)
-    if method.kind == "horovod":
-        reduce_cost = {"allreduce": cluster.allreduce, "hierarchical": cluster.hierarchical_allreduce,
-                       "adasum": cluster.adasum}[method.reduce]
-        sizes = [method.value_bytes * v for v in workload.tensor_values]
+    if method.kind in ("horovod", "ddp"):         # overlapped with the backward pass
         backward = compute * workload.backward_fraction
-        comm = sum(reduce_cost(s, n) for s in _fused(sizes, method.fusion_bytes))
-        end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes, method.cycle_s,
-                               workload.ready)
+        if method.kind == "horovod":
+            reduce_cost = {"allreduce": cluster.allreduce, "hierarchical": cluster.hierarchical_allreduce,
+                           "adasum": cluster.adasum}[method.reduce]
+            sizes = [method.value_bytes * v for v in workload.tensor_values]
+            comm = sum(reduce_cost(s, n) for s in _fused(sizes, method.fusion_bytes))
+            end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes,
+                                   method.cycle_s, workload.ready)
+        else:
+            link = replace(cluster.ring_link(n), overhead=0.0)    # no negotiation: DDP launches its ring directly
+            grads = [4.0 * v for v in workload.tensor_values]     # float32 gradients fill the buckets
+            ready = ready_times(grads, backward, workload.ready)
+            buckets = ddp_buckets(grads, method.bucket_limits)
+            sizes = [method.value_bytes / 4.0 * sum(grads[i] for i in b) for b in buckets]
+            comm = sum(ring_allreduce(s, n, link) for s in sizes)
+            end = ddp_comm_end(sizes, [ready[b[-1]] for b in buckets], lambda b: ring_allreduce(b, n, link))
         exposed = max(0.0, end - backward) + wait
     elif method.kind == "exchange":
         comm = sum(cluster.allgather(b, n) if kind == "allgather" else cluster.allreduce(b, n)
@@ -378,16 +438,22 @@ class Plan:
 
     def recommend(self, tolerance: float = 0.05) -> tuple[Method, str]:
         """The fastest method at the largest N, unless a lossless one is within `tolerance` of it (the
-        lossless one then: it changes nothing about convergence); with the reason in words."""
+        lossless one then: it changes nothing about convergence); with the reason in words. When the
+        plan has both engines' allreduce paths (Horovod's and DDP's), the reason says which engine
+        wins, each engine's method chosen by the same rule."""
         n = self.gpus[-1]
         speed = {m.name: 1.0 / self.rows[m.name][-1].step_s for m in self.methods}
-        best = max(self.methods, key=lambda m: speed[m.name])
-        lossless = [m for m in self.methods if m.lossless]
-        pick = best
-        if not best.lossless and lossless:
-            safe = max(lossless, key=lambda m: speed[m.name])
-            if speed[safe.name] >= (1 - tolerance) * speed[best.name]:
-                pick = safe
+
+        def choose(methods: list) -> tuple[Method, Method]:      # (the pick, the fastest)
+            best = max(methods, key=lambda m: speed[m.name])
+            lossless = [m for m in methods if m.lossless]
+            if not best.lossless and lossless:
+                safe = max(lossless, key=lambda m: speed[m.name])
+                if speed[safe.name] >= (1 - tolerance) * speed[best.name]:
+                    return safe, best
+            return best, best
+
+        pick, best = choose(self.methods)
         cost = self.rows[pick.name][-1]
         plain = self.rows[self.methods[0].name][-1]
         why = (f"at {n} GPUs {pick.name} predicts {100 * cost.efficiency:.0f}% scaling efficiency "
@@ -401,7 +467,18 @@ class Plan:
             why += "; it is lossy: check its accuracy on your model (docs/COMMUNICATION.md)"
         if cost.efficiency > 0.97:
             why += "; communication is not the bottleneck here"
+        engines = [choose(same)[0] for same in ([m for m in self.methods if m.kind == k] for k in ("horovod", "ddp"))
+                   if same]
+        if len(engines) == 2:       # which engine, each with the method the same rule picks among its own
+            win, lose = sorted(engines, key=lambda m: -speed[m.name])
+            said = [f"{ENGINES[m.engine]} with {m.name} ({100 * self.rows[m.name][-1].efficiency:.0f}%)"
+                    for m in (win, lose)]
+            why += (f"; engine: either, {said[0]} and {said[1]} within 1%" if speed[win.name] < 1.01 * speed[lose.name]
+                    else f"; engine: {said[0]} over {said[1]}")
         return pick, why
+
+
+ENGINES = {"native": "native (torch DDP)", "horovod": "horovod"}      # the backend's name, as --backend takes it
 
 
 def with_fusion(method: Method, fusion_bytes: float | None, cycle_s: float | None) -> Method:

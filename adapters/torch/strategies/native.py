@@ -19,6 +19,7 @@ collectives over Gloo always) is initialised from whichever launcher started the
 from __future__ import annotations
 
 import contextlib
+import inspect
 from datetime import timedelta
 
 import numpy as np
@@ -33,6 +34,11 @@ from toolkit.adapters.torch.strategies.common import TorchStrategy
 from toolkit.config import Compression, Sharding
 from toolkit.errors import ToolkitError
 
+# BatchNorm statistics not broadcast from rank 0 before every forward (the toolkit averages them where
+# Horovod's path does); torch 2.14 renamed the flag (the old name warns), 2.13 has the old one only.
+NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+                          else {"broadcast_buffers": False})
 # The comm hooks DDP ships for the config's compressions that need no state of the toolkit's.
 DDP_HOOKS = {Compression.FP16: "fp16_compress_hook", Compression.BF16: "bf16_compress_hook"}
 
@@ -109,7 +115,7 @@ class TorchNative(TorchStrategy, Strategy):
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
             session.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                broadcast_buffers=False)
+                                **NO_FORWARD_BUFFER_SYNC)
             if self.hook:
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
                 session.model.register_comm_hook(None, getattr(default_hooks, self.hook))   # the default group

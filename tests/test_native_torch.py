@@ -1,0 +1,110 @@
+"""torch's own engine (`backend: native`: torch.distributed, DDP, FSDP2, ZeRO) from the same config and API.
+
+Real jobs under torchrun, horovodrun and mpirun; every claim that the native backend means what Horovod's
+path means is checked as bit-equality of the parameters with the Horovod job of the same config.
+"""
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, assert_replicas, clean_env, one_line_error, run, summary, toolkit, train_job
+
+pytestmark = pytest.mark.distributed
+DIGITS = ["--framework", "torch", "--dataset", "digits"]
+
+
+def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_mpirun():
+    """The issue's three launch lines of examples/your_torch.py, unchanged, with TOOLKIT_BACKEND=native:
+    the same replicas everywhere (the launcher only says where each rank is)."""
+    script = [sys.executable, ROOT / "examples" / "your_torch.py"]
+    env = clean_env(TOOLKIT_BACKEND="native")
+    launches = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             script[1]],
+                "horovodrun": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60", *script],
+                "mpirun": ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-x", "TOOLKIT_BACKEND",
+                           "-x", "PATH", *script]}
+    digests = {}
+    for name, argv in launches.items():
+        out = summary(run(argv, env=env, timeout=240))
+        assert out["world_size"] == 2 and len(set(out["final_digests"])) == 1, (name, out)
+        assert out["accuracy"] > 0.85, (name, out)
+        digests[name] = out["final_digests"][0]
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_path):
+    """One 5-epoch training cut into five jobs, each resuming the one before on another engine: native ->
+    horovod -> native fsdp -> native zero1 -> horovod, ends bit-identical to horovod's uninterrupted run,
+    which native's own uninterrupted run equals (built-in script, `toolkit launch --backend native`)."""
+    straight = train_job("gloo", DIGITS + ["--epochs", "5"])
+    native = train_job("native", DIGITS + ["--epochs", "5"])
+    assert_replicas(native)
+    assert "DistributedDataParallel" in native["path"] and native["backend"] == "native"
+    assert native["param_digest"] == straight["param_digest"]
+    folder = str(tmp_path / "ckpt")
+    chain = [("native", []), ("gloo", []), ("native", ["--sharding", "fsdp"]), ("native", ["--sharding", "zero1"]),
+             ("gloo", [])]
+    for epochs, (launcher, extra) in enumerate(chain, start=1):
+        out = train_job(launcher, DIGITS + ["--epochs", str(epochs), "--checkpoint-dir", folder, *extra] +
+                        (["--resume"] if epochs > 1 else []))
+        assert len(set(out["final_digests"])) == 1, (epochs, out)
+        if epochs > 1:
+            assert out["resumed_from"] and out["steps_run"] == out["steps"] // epochs, (epochs, out)
+        if extra:
+            assert {"fsdp": "FSDP2", "zero1": "ZeroRedundancyOptimizer"}[extra[1]] in out["path"], out["path"]
+    assert out["param_digest"] == straight["param_digest"]
+
+
+def test_uneven_data_joins_as_horovod_does_and_bf16_is_ddps_hook():
+    """uneven_data: DDP's Join gives Horovod's join result bit for bit; compression bf16 on native is DDP's
+    bf16_compress_hook: 2 bytes a value, replicas identical."""
+    uneven = DIGITS + ["--epochs", "2", "--uneven-data", "1:0.5"]
+    native, horovod = train_job("native", uneven), train_job("gloo", uneven)
+    assert native["steps_trained_per_rank"] == horovod["steps_trained_per_rank"] == [44, 22]
+    assert native["param_digest"] == horovod["param_digest"] and len(set(native["final_digests"])) == 1
+    bf16 = train_job("native", DIGITS + ["--epochs", "1", "--compression", "bf16"])
+    assert "bf16_compress_hook" in bf16["path"] and len(set(bf16["final_digests"])) == 1
+    assert bf16["bytes_sent_per_step"] == native["bytes_sent_per_step"] / 2
+    assert bf16["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--backend", "dataparallel"], ["backend=dataparallel", "GIL", "GPU 0", "backend: native"]),
+    (["--sharding", "zero1"], ["sharding='zero1'", "backend: native"]),
+    (["--backend", "native", "--sharding", "fsdp", "--precision", "fp16"], ["sharding='fsdp'", "precision: bf16"]),
+    (["--backend", "native", "--sharding", "zero1", "--compression", "int8"], ["sharding='zero1'", "compression"]),
+    (["--backend", "native", "--op", "adasum"], ["op='adasum'", "backend: horovod"]),
+])
+def test_what_the_native_backend_cannot_do_is_one_line(args, needles):
+    one_line_error(toolkit("train", "--framework", "torch", *args), *needles)
+
+
+def test_a_dataparallel_module_is_refused_in_one_line(tmp_path):
+    script = tmp_path / "dp.py"
+    script.write_text("import torch, toolkit\nsession = toolkit.start(framework='torch', backend='native')\n"
+                      "session.setup(torch.nn.DataParallel(torch.nn.Linear(4, 2)))\n")
+    proc = run([sys.executable, script], timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]     # a user's script: Python's own traceback ends with it
+    assert proc.returncode == 1 and last.startswith("toolkit.errors.ToolkitError: session.setup(model): a torch.nn"
+                                                    ".DataParallel is refused"), proc.stderr
+    assert "GIL" in last and "GPU 0" in last and "model.module" in last
+
+
+def test_rendezvous_reads_every_launcher():
+    from toolkit.adapters.torch import rendezvous as rv
+    assert rv.place({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == \
+        rv.Place(1, 4, 1, 2, "torchrun")
+    assert rv.place({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+                     "HOROVOD_LOCAL_SIZE": "2"}) == rv.Place(3, 4, 1, 2, "horovodrun")
+    assert rv.place({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                     "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}).launcher == "mpirun"
+    assert rv.place({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                     "SLURM_NTASKS_PER_NODE": "4(x2)"}) == rv.Place(5, 8, 1, 4, "slurm")
+    assert rv.place({}) == rv.Place(0, 1, 0, 1, "none")
+    assert rv.first_slurm_host("node[03-05,07],gpu1") == "node03" and rv.first_slurm_host("gpu1,gpu2") == "gpu1"
+    assert rv.init_method(rv.Place(1, 2, 1, 2, "slurm"), {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}) == \
+        "tcp://10.0.0.1:1234"
+    assert rv.init_method(rv.Place(1, 2, 1, 2, "slurm"), {"SLURM_JOB_NODELIST": "n[7-8]"}) == "tcp://n7:29500"
+    from toolkit.errors import ToolkitError
+    with pytest.raises(ToolkitError, match="RANK=5 is not a rank of WORLD_SIZE=2"):
+        rv.place({"RANK": "5", "WORLD_SIZE": "2"})
