@@ -162,7 +162,7 @@ MUTANTS = [
              "        if True:\n            return\n        if self.grad_norm"),),
            (f"{N}::test_a_diverging_run_stops_every_rank_at_the_same_step_and_saves_nothing[torch]",)),
     Mutant("sync-bn-local", "sync_batchnorm normalises with the statistics of every rank's batch",
-           (("adapters/torch/batchnorm.py", "        if not training or self.hvd.size() == 1:",
+           (("adapters/torch/batchnorm.py", "        if not training or self.world() == 1:",
              "        if True:"),),
            ("tests/test_precision.py::test_sync_batchnorm_gives_every_rank_the_statistics_of_the_union[torch]",)),
     Mutant("bf16-ignored", "precision bf16 runs the forward pass in bf16",

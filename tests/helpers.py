@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from tests.conftest import ROOT, digits, run, train_job
+from tests.conftest import ROOT, clean_env, digits, run, train_job
 
 LOOP = [sys.executable, str(ROOT / "tests" / "user_loop.py")]
 
@@ -82,13 +82,22 @@ def baseline_timeline(fw, tmp_path_factory):
     return _BASELINES[fw][2]
 
 
+def engine(fw: str) -> tuple[str, str | None]:
+    """(framework, backend) of a test's `fw`: "torch", or "torch-native" (torch's own engine)."""
+    framework, _, backend = fw.partition("-")
+    return framework, backend or None
+
+
 def user_loop(fw, out, *args, ranks=2, timeout=300) -> dict:
-    """tests/user_loop.py on `ranks` ranks (toolkit launch, Gloo); rank 0's record and final weights."""
-    argv = LOOP + ["--framework", fw, "--out", out, *args]
+    """tests/user_loop.py on `ranks` ranks (toolkit launch: Gloo, or torchrun for "torch-native"); rank 0's
+    record and final weights."""
+    framework, backend = engine(fw)
+    argv = LOOP + ["--framework", framework, "--out", out, *args]
     if ranks > 1:
-        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", timeout - 10, "--",
+        how = ["--backend", backend, "--framework", framework] if backend else ["--gloo"]
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, *how, "--timeout", timeout - 10, "--",
                 *argv]
-    proc = run(argv, timeout=timeout)
+    proc = run(argv, timeout=timeout, env=clean_env(TOOLKIT_BACKEND=backend) if backend else None)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads(open(out).read())
     with np.load(str(out) + ".npz") as saved:

@@ -8,10 +8,20 @@ from collections import Counter
 import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, summary, train_job
-from tests.helpers import max_diff, user_loop
+from tests.helpers import engine, max_diff, user_loop
 
 pytestmark = pytest.mark.distributed
 USER = str(ROOT / "tests" / "user_code.py")
+
+
+@pytest.fixture(params=["torch", "torch-native", "tensorflow", "mxnet"])
+def fw(request):
+    """Every framework on Horovod, and torch on its own engine too (torchrun, DDP): the same tests."""
+    from tests.conftest import horovod_status
+    why = horovod_status(engine(request.param)[0])
+    if why:
+        pytest.skip(f"horovod.{request.param} does not import ({why}); run `make setup`")
+    return request.param
 
 
 def seen_per_epoch(*records) -> dict:
@@ -62,7 +72,8 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_onc
 
 
 def test_the_built_in_script_trains_a_user_module(fw, tmp_path):
-    out = train_job("gloo", ["--framework", fw, "--model", f"{USER}:build", "--dataset", f"{USER}:load",
+    framework, backend = engine(fw)
+    out = train_job(backend or "gloo", ["--framework", framework, "--model", f"{USER}:build", "--dataset", f"{USER}:load",
                              "--epochs", "4", "--batch-size", "16", "--checkpoint-dir", tmp_path])
     assert_replicas(out)
     assert out["accuracy"] > 0.6, out       # 4 classes: chance is 0.25

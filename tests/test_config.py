@@ -73,7 +73,10 @@ BAD_VALUES = [
     ({"compression": "zip"}, ["compression='zip'", "none, fp16, bf16, int8, topk"]),
     ({"resume": "maybe"}, ["resume='maybe'", "true or false"]),
     ({"resume": "true"}, ["checkpoint_dir", "--checkpoint-dir"]),
-    ({"backend": "native"}, ["backend='native'", "framework='torch'"]),
+    ({"framework": "mxnet", "backend": "native"}, ["backend='native'", "framework='mxnet'"]),
+    ({"backend": "native", "sync": "ssp"}, ["sync='ssp'", "backend: horovod"]),
+    ({"backend": "native", "elastic_min_np": "2"}, ["torchrun restarts the workers", "--min-np"]),
+    ({"backend": "horovod", "sharding": "fsdp"}, ["sharding='fsdp'", "backend: native"]),
     ({"momentum": "1.5"}, ["momentum=1.5"]),
     # TensorFlow paths
     ({"framework": "tensorflow", "strategy": "mirrored"}, ["strategy='mirrored'", "--backend native"]),
