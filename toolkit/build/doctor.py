@@ -19,6 +19,9 @@ try:
     out["version"] = getattr(m, "__version__", "?")
     if fw == "torch":
         out["gpus"] = m.cuda.device_count() if m.cuda.is_available() else 0
+        import torch.distributed as dist
+        out["native"] = [b for b in ("gloo", "nccl", "mpi") if dist.is_available() and
+                         getattr(dist, f"is_{b}_available")()]
     elif fw == "tensorflow":
         out["gpus"] = len(m.config.list_physical_devices("GPU"))
     elif fw == "mxnet":
@@ -195,9 +198,18 @@ def report(framework: str) -> int:
             usable[fw] = False
             continue
         _line("ok", fw, f"{probe['version']}, {probe['gpus']} GPU(s)")
+        native = probe.get("native")
+        if native is not None:     # torch's own engine (backend native): torch.distributed, no Horovod
+            _line("ok" if "gloo" in native else "warn", "  torch.distributed",
+                  f"backend native (DDP, FSDP2, ZeRO) over: {', '.join(native) or 'nothing'}",
+                  "" if "gloo" in native else "a torch build with distributed support")
         if "horovod_error" in probe:
-            _line("FAIL", f"  {ext}", probe["horovod_error"],
-                  f"`toolkit build-horovod --frameworks {fw}` (do not trust `horovodrun --check-build`)")
+            fix = f"`toolkit build-horovod --frameworks {fw}` (do not trust `horovodrun --check-build`)"
+            if native and "gloo" in native:     # the native engine trains without Horovod
+                _line("warn", f"  {ext}", f"{probe['horovod_error']}; backend native trains without it", fix)
+                usable[fw] = True
+                continue
+            _line("FAIL", f"  {ext}", probe["horovod_error"], fix)
             usable[fw] = False
             continue
         built = probe["horovod"]
