@@ -36,6 +36,7 @@ W = "tests/test_workloads.py"
 TU = "tests/test_tf_usercode.py"
 MU = "tests/test_mxnet_usercode.py"
 I = "tests/test_install.py"
+NT = "tests/test_native_torch.py"
 MUTANTS = [
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/run/pipeline.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
@@ -437,6 +438,35 @@ MUTANTS = [
     Mutant('outside-table-silent', 'a version outside the support table is said in one line',
            (('toolkit/build/support.py', '    if base in tested(framework):', '    if True:'),),
            (f"{I}::test_a_version_outside_the_table_is_one_line_and_the_local_label_is_ignored",)),
+    # torch's own engine (issue 35)
+    Mutant("native-accumulation-wrong-micro", "accumulation on DDP equals one large batch (the last micro-batch reduces)",
+           (("adapters/torch/session.py", "self.strategy.sync_gradients(self, self.micro % k == k - 1)",
+             "self.strategy.sync_gradients(self, self.micro % k == 0)"),),
+           (f"{A}::test_accumulation_equals_one_large_batch[torch-native]",)),
+    Mutant("native-checkpoint-wrapped", "a checkpoint written under one backend resumes under the other",
+           (("adapters/torch/strategies/native.py", "return model.module if isinstance(model, DDP) else model",
+             "return model"),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("fsdp-optimizer-by-name", "an fsdp checkpoint loads unsharded (torch's own optimizer format)",
+           (("adapters/torch/sharding.py", '"optimizer": _keyed(optimizer, _names(part), by_name=False) if optimizer '
+             'else None}', '"optimizer": optimizer or None}'),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("native-no-join", "uneven data on native joins as Horovod does (DDP's Join)",
+           (("adapters/torch/strategies/native.py", "self.join_context = Join([session.model])",
+             "self.join_context = Join([session.model], enable=False)"),),
+           (f"{NT}::test_uneven_data_joins_as_horovod_does_and_bf16_is_ddps_hook",)),
+    Mutant("native-bf16-bytes", "bytes_sent_per_step counts DDP's bf16 hook at 2 bytes a value",
+           (("adapters/torch/sharding.py", "grad = 2 if config.compression in (Compression.FP16, Compression.BF16) "
+             "else 4", "grad = 4"),),
+           (f"{NT}::test_uneven_data_joins_as_horovod_does_and_bf16_is_ddps_hook",)),
+    Mutant("native-mpirun-unseen", "the native backend finds its rank under mpirun",
+           (("adapters/torch/rendezvous.py", '("mpirun", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",',
+             '("mpirun", ("OMPI_RANK", "OMPI_SIZE",'),),
+           (f"{NT}::test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_mpirun",
+            f"{NT}::test_rendezvous_reads_every_launcher")),
+    Mutant("dataparallel-unexplained", "backend dataparallel is refused with the reason and names native",
+           (("toolkit/config/rules.py", "    if c.backend is Backend.DATAPARALLEL:\n", "    if False:\n"),),
+           (f"{NT}::test_what_the_native_backend_cannot_do_is_one_line",)),
 ]
 
 
