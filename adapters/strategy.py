@@ -38,6 +38,11 @@ class Strategy(abc.ABC):
         """Init (on the mpi4py communicator `comm` where the backend takes one), threads, this rank's
         device; returns the Topology."""
 
+    def restarted(self) -> bool:
+        """Whether the launcher started these ranks again after a failure (torchrun's elastic restarts):
+        the run then continues from its newest checkpoint, as `resume` would."""
+        return False
+
     def refresh(self, topology):
         """The topology after the job was re-formed (elastic); unchanged where it cannot change."""
         return topology

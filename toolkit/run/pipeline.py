@@ -57,6 +57,10 @@ def _resume(session, config) -> dict:
         return {}
     if config.resume:
         return session.load(collective=not config.elastic)
+    if session.strategy.restarted():    # torchrun started the ranks again: on from the newest checkpoint, if any
+        found = session.broadcast_object(bool(checkpoint.all_checkpoints(config.checkpoint_dir))
+                                         if session.is_main else None, name="toolkit.restart_found")
+        return session.load() if found else {}
     problem = None
     if session.is_main:
         try:
@@ -94,7 +98,7 @@ def summary(config, session, *, world_size: int, processes: int, path: str, step
         "final_loss": final_loss, "accuracy": accuracy,
         # what this process did: resumed at `resumed_from`, ran the steps after it (every rank,
         # trained: the steps each rank computed, fewer on a rank with uneven_data)
-        "resumed_from": start_step if config.resume else None, "steps_run": steps - start_step,
+        "resumed_from": start_step if config.resume or start_step else None, "steps_run": steps - start_step,
         "steps_trained_per_rank": steps_trained,
         "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests, "lr": lr,
         "samples_per_sec": samples_per_sec, "compression": config.compression.value, "sync": config.sync.value,

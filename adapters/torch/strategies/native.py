@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from datetime import timedelta
 
 import numpy as np
@@ -82,6 +83,10 @@ class TorchNative(TorchStrategy, Strategy):
         self.cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else None
         self.launcher = where.launcher
         return Topology(self.rank, self.size, where.local_rank, where.local_size, str(self.device))
+
+    def restarted(self) -> bool:
+        """torchrun restarted the workers (`--max-restarts`, `toolkit launch --backend native --min-np`)."""
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
     @property
     def path(self) -> str:
