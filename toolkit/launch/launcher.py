@@ -14,8 +14,8 @@ horovodrun fills slots) equally. The command runs as given (`--no-python`); each
 tagged with its global rank and shown as horovodrun's (`[1]<stderr>:`, output.py). Elastic
 (--min-np/--max-np) counts whole hosts: `--nnodes MIN:MAX --max-restarts 3`; torchrun restarts
 every worker after a failure or a change of hosts, and the restarted ranks run the command from
-the top: they resume from the newest checkpoint when their config names a checkpoint_dir and
-resume (nothing else survives a restart).
+the top: they continue from the newest checkpoint when their config names a checkpoint_dir
+(torchrun's TORCHELASTIC_RESTART_COUNT says they were restarted; nothing else survives a restart).
 """
 from __future__ import annotations
 
