@@ -467,6 +467,14 @@ MUTANTS = [
     Mutant("dataparallel-unexplained", "backend dataparallel is refused with the reason and names native",
            (("toolkit/config/rules.py", "    if c.backend is Backend.DATAPARALLEL:\n", "    if False:\n"),),
            (f"{NT}::test_what_the_native_backend_cannot_do_is_one_line",)),
+    Mutant("zero1-unsharded", "sharding zero1 keeps 1/N of the optimizer state on each rank",
+           (("adapters/torch/strategies/native.py", "session.optimizer = sharding.zero1(session.optimizer)",
+             "session.optimizer = session.optimizer"),),
+           (f"{NT}::test_each_rank_holds_its_share[zero1]",)),
+    Mutant("fsdp-blocks-unsharded", "sharding fsdp keeps 1/N of the parameters on each rank (every block sharded)",
+           (("adapters/torch/sharding.py", "    for block in _blocks(model):\n        shard(block, mp_policy=policy)\n",
+             "    for block in _blocks(model)[:1]:\n        shard(block, mp_policy=policy)\n"),),
+           (f"{NT}::test_each_rank_holds_its_share[fsdp]",)),
 ]
 
 

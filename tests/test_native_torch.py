@@ -117,3 +117,36 @@ def test_rendezvous_reads_every_launcher():
     from toolkit.errors import ToolkitError
     with pytest.raises(ToolkitError, match="RANK=5 is not a rank of WORLD_SIZE=2"):
         rv.place({"RANK": "5", "WORLD_SIZE": "2"})
+
+
+SHARDS = """
+import json, sys, torch, toolkit
+session = toolkit.start(framework="torch", backend="native", sharding=sys.argv[1], optimizer="adam", lr=0.01)
+model, optimizer = session.setup(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]))
+for _ in range(2):
+    session.backward(model(torch.randn(8, 64)).pow(2).mean())
+    session.step()
+local = lambda t: t.to_local() if hasattr(t, "to_local") else t
+state = getattr(optimizer, "optim", optimizer).state     # ZeroRedundancyOptimizer keeps its shard's in .optim
+print(json.dumps({"rank": session.rank, "params": sum(local(p).numel() for p in model.parameters()),
+                  "state": sum(local(t).numel() for s in state.values() for t in s.values() if t.dim() > 0),
+                  "digests": session.check_replicas()}))
+"""
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "fsdp"])
+def test_each_rank_holds_its_share(sharding, tmp_path):
+    """2 ranks, Adam, 4 x Linear(64, 64) (P = 16,640 values): zero1 keeps half of the optimizer state on a
+    rank (2P in all), fsdp half of the parameters and half of the state too; the replicas still agree."""
+    script = tmp_path / "shards.py"
+    script.write_text(SHARDS)
+    proc = run([sys.executable, "-m", "toolkit", "launch", "--backend", "native", "--framework", "torch", "-np", "2",
+                "--timeout", "150", "--", "python", script, sharding], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json, re
+    ranks = [json.loads(line) for line in re.sub(r"\[\d+\]<stdout>:", "", proc.stdout).splitlines() if line.startswith("{")]
+    P = 4 * (64 * 64 + 64)
+    assert len(ranks) == 2 and len({r["digests"][0] for r in ranks} | set(ranks[0]["digests"])) == 1, ranks
+    for r in ranks:
+        assert r["params"] == (P if sharding == "zero1" else P // 2), r
+        assert r["state"] == P, r       # Adam's two slots of the half this rank owns
