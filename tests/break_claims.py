@@ -471,9 +471,9 @@ MUTANTS = [
            (("adapters/torch/strategies/native.py", "session.optimizer = sharding.zero1(session.optimizer)",
              "session.optimizer = session.optimizer"),),
            (f"{NT}::test_each_rank_holds_its_share[zero1]",)),
-    Mutant("fsdp-blocks-unsharded", "sharding fsdp keeps 1/N of the parameters on each rank (every block sharded)",
-           (("adapters/torch/sharding.py", "    for block in _blocks(model):\n        shard(block, mp_policy=policy)\n",
-             "    for block in _blocks(model)[:1]:\n        shard(block, mp_policy=policy)\n"),),
+    Mutant("fsdp-blocks-unsharded", "sharding fsdp keeps 1/N of the parameters on each rank",
+           (("adapters/torch/sharding.py", "    for block in _blocks(model):\n        shard(block, mp_policy=policy)\n"
+             "    shard(model, mp_policy=policy)\n", ""),),
            (f"{NT}::test_each_rank_holds_its_share[fsdp]",)),
 ]
 
