@@ -33,15 +33,21 @@ def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
     for fw, (_, _, ext) in pins.HOROVOD_FRAMEWORKS.items():    # doctor imports every extension itself
         assert re.search(rf"^ok +{re.escape(ext)} +imports; built with: mpi, gloo", ok.stdout, re.M), (fw, ok.stdout)
     assert re.search(r"^ok +mpi job +2-process mpi4py allreduce ok; mpi4py runs on Open MPI v", ok.stdout, re.M), ok.stdout
-    # A Horovod whose torch extension is missing: doctor imports it, fails it, names the fix.
+    # A Horovod whose extensions are missing: doctor imports them, names the fix; torch still trains on its own
+    # engine (backend native), TensorFlow cannot.
     fake = tmp_path / "horovod"
-    (fake / "torch").mkdir(parents=True)
+    for fw in ("torch", "tensorflow"):
+        (fake / fw).mkdir(parents=True)
+        (fake / fw / "__init__.py").write_text(f"raise ImportError('Extension horovod.{fw} has not been built.')\n")
     (fake / "__init__.py").write_text("")
-    (fake / "torch" / "__init__.py").write_text("raise ImportError('Extension horovod.torch has not been built.')\n")
-    bad = toolkit("doctor", "--framework", "torch", env=clean_env(PYTHONPATH=str(tmp_path)), timeout=300)
-    assert bad.returncode == 1
-    assert "has not been built" in bad.stdout and "build-horovod --frameworks torch" in bad.stdout
-    assert "ready: no framework; NOT READY: torch cannot train here" in bad.stdout   # the stand-in has no TF/MXNet
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    bad = toolkit("doctor", "--framework", "torch", env=env, timeout=300)
+    assert bad.returncode == 0 and "has not been built" in bad.stdout and "backend native trains without it" in bad.stdout
+    assert "build-horovod --frameworks torch" in bad.stdout and re.search(r"^ok +torch.distributed +backend native", bad.stdout, re.M)
+    assert bad.stdout.rstrip().endswith("ready: torch (backend native only)"), bad.stdout
+    bad = toolkit("doctor", "--framework", "tensorflow", env=env, timeout=300)
+    assert bad.returncode == 1 and "build-horovod --frameworks tensorflow" in bad.stdout
+    assert "ready: no framework; NOT READY: tensorflow cannot train here" in bad.stdout
 
 
 @pytest.mark.parametrize("order", [("mxnet", "tensorflow", "torch"), ("torch", "tensorflow", "mxnet")])

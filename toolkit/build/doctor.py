@@ -207,7 +207,7 @@ def report(framework: str) -> int:
             fix = f"`toolkit build-horovod --frameworks {fw}` (do not trust `horovodrun --check-build`)"
             if native and "gloo" in native:     # the native engine trains without Horovod
                 _line("warn", f"  {ext}", f"{probe['horovod_error']}; backend native trains without it", fix)
-                usable[fw] = True
+                usable[fw] = "backend native only"
                 continue
             _line("FAIL", f"  {ext}", probe["horovod_error"], fix)
             usable[fw] = False
@@ -229,6 +229,7 @@ def report(framework: str) -> int:
 
     ready = [fw for fw in wanted if usable.get(fw) and registry.is_available(fw)]
     missing = [fw for fw in wanted if fw not in ready]
+    ready = [fw + (f" ({usable[fw]})" if isinstance(usable[fw], str) else "") for fw in ready]
     print(f"\nready: {', '.join(ready) or 'no framework'}" +
           (f"; NOT READY: {', '.join(missing)} cannot train here; apply the fixes above" if missing else ""))
     return 1 if missing else 0
