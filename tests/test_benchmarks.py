@@ -25,7 +25,7 @@ def test_every_block_a_benchmark_writes_has_its_markers_and_every_marker_one_syn
     for script in (ROOT / "benchmarks").glob("*.py"):
         written |= set(re.findall(r'write_between\("(\w+\.md)", "(\w+)"', script.read_text()))
     written |= {("COMMUNICATION.md", "bench"), ("COMMUNICATION.md", "resnet18")}      # chosen by --workload
-    written |= {("BENCHMARKS.md", suite) for suite in ("peers", "tuning", "fusion", "resnet50")}   # by --suite
+    written |= {("BENCHMARKS.md", suite) for suite in ("peers", "tuning", "fusion", "resnet50", "engines")}
     for page, name in sorted(written):
         text = (ROOT / "docs" / page).read_text()
         begin, end = common.markers(name)

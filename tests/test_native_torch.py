@@ -150,3 +150,13 @@ def test_each_rank_holds_its_share(sharding, tmp_path):
     for r in ranks:
         assert r["params"] == (P if sharding == "zero1" else P // 2), r
         assert r["state"] == P, r       # Adam's two slots of the half this rank owns
+
+
+def test_toolkit_bench_times_the_native_engine(tmp_path):
+    proc = toolkit("bench", "--framework", "torch", "--backend", "native", "--np", "2", "--warmup", "1", "--iters",
+                   "1", "--steps-per-iter", "2", "--out", tmp_path, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    import json
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert bench["rows"][0]["np"] == 2 and "DistributedDataParallel" in bench["rows"][0]["path"], bench["rows"]
+    assert "torchrun" in bench["title"]

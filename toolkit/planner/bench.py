@@ -163,9 +163,12 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
         timeout: float, extra_env: tuple[str, ...] = (), hosts: str | None = None,
         network_interface: str | None = None) -> list[dict]:
     """One launched job per world size; the table on stdout, bench.json and bench.png in `out`."""
-    if config.backend.value == "native":
-        raise ToolkitError("toolkit bench times Horovod jobs; for TensorFlow's own strategies use "
-                           "benchmarks/peers/mwms_tf_synthetic.py (see docs/BENCHMARKS.md)")
+    native = config.backend.value == "native"
+    if native and config.framework != "torch":
+        raise ToolkitError("toolkit bench times Horovod jobs and torch's own engine; for TensorFlow's own "
+                           "strategies use benchmarks/peers/mwms_tf_synthetic.py (see docs/BENCHMARKS.md)")
+    if native and controller:
+        raise ToolkitError(f"--{controller} is a Horovod controller; backend native runs torchrun: drop it")
     out.mkdir(parents=True, exist_ok=True)
     config_file = out / "config.yaml"
     config_file.write_text(config.to_yaml())
@@ -174,7 +177,8 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
         result = out / f"np{n}.json"
         result.unlink(missing_ok=True)
         spec = launch.LaunchSpec(command=tuple(worker_command(config_file, options, result)), np=n, hosts=hosts,
-                                 controller=controller, env=extra_env, network_interface=network_interface)
+                                 controller=controller, env=extra_env, network_interface=network_interface,
+                                 launcher="torchrun" if native else "horovodrun")
         code = launch.run(spec, timeout=timeout)
         if code != 0 or not result.is_file():
             raise ToolkitError(f"bench: the {n}-worker job exited with code {code}; its output is above")
@@ -187,7 +191,7 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
     title = (f"{config.framework} {rows[0]['path']}, {model_words(config, options)} "
              f"({rows[0]['parameters'] / 1e6:.1f}M parameters), batch "
              f"{config.batch_size} x {config.accumulation_steps}, compression {config.compression.value}, "
-             f"{controller or 'default'} controller, {rows[0]['device']}")
+             f"{'torchrun' if native else (controller or 'default') + ' controller'}, {rows[0]['device']}")
     print(title)
     print(table(rows, samples_per_step))
     (out / "bench.json").write_text(json.dumps({"title": title, "config": config.to_dict(),
