@@ -6,7 +6,8 @@
 
 Every row is `examples/train.py --epochs 2` on the built-in digits data, single-process or 2 ranks
 launched by `toolkit launch` (horovodrun over Gloo; mpirun for the parameter server; TF_CONFIG workers
-for TensorFlow's native strategy) or by torchrun (torch's native backend). `param_digest` is a sha256 of every parameter's bytes, so two runs
+for TensorFlow's native strategy) or by torchrun (torch's native backend). `param_digest` is a sha256 of
+every parameter's bytes, so two runs
 agree only if every bit of every weight agrees. `--root` runs another checkout's train.py and toolkit
 (its folder first on PYTHONPATH, `toolkit.adapters` linked to its adapters/) with this virtualenv.
 """
@@ -45,7 +46,8 @@ MATRIX = [
      (*TORCH, "--sync", "ssp", "--staleness", "0", "--ps-servers", "1")),
     ("keras3 precision fp16", "gloo", 2, (*TF, "--precision", "fp16")),
     ("mxnet accumulation 2", "gloo", 2, (*MX, "--accumulation-steps", "2")),
-    # torch's own engine (torchrun, DDP): each row is the Horovod row of the same name's twin
+    # torch's own engine (torchrun, DDP): each row is the twin of the Horovod row of the same name (equal
+    # digests) but PowerSGD, which is DDP's own powerSGD_hook here (adapters/torch/comm_hooks.py)
     ("torch native", "torchrun", 1, (*TORCH, "--backend", "native")),
     ("torch native", "torchrun", 2, (*TORCH, "--backend", "native")),
     ("torch native accumulation 2", "torchrun", 2, (*TORCH, "--backend", "native", "--accumulation-steps", "2")),

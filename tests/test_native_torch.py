@@ -64,9 +64,9 @@ def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_p
     assert restarted["param_digest"] == straight["param_digest"]
 
 
-def test_uneven_data_joins_as_horovod_does_and_bf16_is_ddps_hook():
-    """uneven_data: DDP's Join gives Horovod's join result bit for bit; compression bf16 on native is DDP's
-    bf16_compress_hook: 2 bytes a value, replicas identical."""
+def test_uneven_data_joins_as_horovod_does_and_bf16_and_powersgd_are_ddps_hooks():
+    """uneven_data: DDP's Join gives Horovod's join result bit for bit; compression bf16 and powersgd on native
+    are DDP's own hooks: bf16 2 bytes a value, PowerSGD its factors after 2 dense steps; replicas identical."""
     uneven = DIGITS + ["--epochs", "2", "--uneven-data", "1:0.5"]
     native, horovod = train_job("native", uneven), train_job("gloo", uneven)
     assert native["steps_trained_per_rank"] == horovod["steps_trained_per_rank"] == [44, 22]
@@ -75,6 +75,12 @@ def test_uneven_data_joins_as_horovod_does_and_bf16_is_ddps_hook():
     assert "bf16_compress_hook" in bf16["path"] and len(set(bf16["final_digests"])) == 1
     assert bf16["bytes_sent_per_step"] == native["bytes_sent_per_step"] / 2
     assert bf16["accuracy"] > 0.5
+    # PowerSGD is DDP's own hook (one gradient bucket on Gloo): 2 dense steps, then P and Q a fraction of it
+    psgd = train_job("native", DIGITS + ["--epochs", "2", "--compression", "powersgd"])
+    assert "powerSGD_hook" in psgd["path"] and len(set(psgd["final_digests"])) == 1
+    dense, steps = native["bytes_sent_per_step"], psgd["steps"]
+    assert 2 * dense / steps < psgd["bytes_sent_per_step"] < dense / 4, (psgd["bytes_sent_per_step"], dense)
+    assert psgd["accuracy"] > 0.5
 
 
 @pytest.mark.parametrize("args, needles", [

@@ -22,23 +22,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from toolkit.config import Compression, Precision, Sharding
+from toolkit.config import Precision, Sharding
 from toolkit.errors import ToolkitError
 
 
-def bytes_per_value(config, size: int) -> float:
-    """Bytes one rank hands to collectives per gradient value and step: the gradient's allreduce (DDP,
-    2 bytes under the fp16/bf16 hooks) or reduce-scatter (FSDP: the full gradient in), plus zero1's
-    broadcast of this rank's updated share, or fsdp's all-gathers of its parameter share (forward and
-    backward)."""
-    grad = 2 if config.compression in (Compression.FP16, Compression.BF16) else 4
-    if size == 1:
-        return grad
+def extra_bytes_per_value(config, size: int) -> float:
+    """Bytes one rank hands to collectives per parameter value and step beyond the gradients' reduction:
+    zero1's broadcast of this rank's updated share, fsdp's all-gathers of its parameter share (forward
+    and backward; bf16 under its mixed-precision policy)."""
+    if size == 1 or config.sharding is Sharding.NONE:
+        return 0.0
     if config.sharding is Sharding.ZERO1:
-        return grad + 4 / size
-    if config.sharding is Sharding.FSDP:
-        return 4 + 2 * (2 if config.precision is Precision.BF16 else 4) / size
-    return grad
+        return 4 / size
+    return 2 * (2 if config.precision is Precision.BF16 else 4) / size
 
 
 def zero1(optimizer):

@@ -5,9 +5,13 @@
 --hook: DDP's own communication hooks, the peer of the toolkit's compression (benchmarks/compression_bench.py):
 fp16 / bf16 (default_hooks.*_compress_hook) or PowerSGD of rank 1, 2 or 4 (powerSGD_hook, error feedback and
 warm start on, compressing from the 10th step: keep --warmup above 10 so every timed step is compressed).
-On Gloo (CPU) the PowerSGD hook fails in torch 2.14.1 ("op.preamble.length <= op.nbytes. 4116 vs 4096.
-Received data size doesn't match expected size"; the batched hook fails its own assertion in
-_orthogonalize): it is DDP's peer on NCCL only (pytorch/pytorch#58467 reported it failing on Gloo and MPI).
+On Gloo (CPU) torch 2.14.1's PowerSGD hook works with ONE gradient bucket only: it starts each bucket's P
+and Q allreduces from future callbacks that wait on Gloo's two worker threads, so with two buckets in
+flight the ranks issue collectives in different orders ("op.preamble.length <= op.nbytes. 4116 vs 4096":
+bucket 0's P against bucket 1's uncompressed tensors) or deadlock. So PowerSGD here runs with
+`bucket_cap_mb` above the model's gradients (an explicit cap also sets DDP's 1 MiB first bucket), as the
+toolkit's native backend does (adapters/torch/comm_hooks.py); the batched hook fails its own assertion in
+_orthogonalize in 2.14.1 and is not offered.
 """
 import os
 
@@ -26,7 +30,9 @@ torch.set_num_threads(threads(local_size))
 torch.manual_seed(rank)
 
 net, data, target = model_and_batch(args)
-model = torch.nn.parallel.DistributedDataParallel(net)
+one_bucket = {"bucket_cap_mb": sum(p.numel() * 4 for p in net.parameters()) // 2**20 + 1} \
+    if args.hook and args.hook.startswith("powersgd") else {}
+model = torch.nn.parallel.DistributedDataParallel(net, **one_bucket)
 if args.fp16_allreduce or args.hook == "fp16":
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
 elif args.hook == "bf16":

@@ -35,17 +35,16 @@ from toolkit.config import Compression, Config, Sync
 STATE_FILE = "communication.npz"
 
 
-def for_session(config: Config, session, exchange: bool, value_bytes: float | None = None) -> "Communication":
+def for_session(config: Config, session, exchange: bool, step_bytes=None) -> "Communication":
     """The session's communication; `exchange`: the strategy's answer, whether the toolkit's exchange
     moves the gradients (else the strategy's own reduce does, inside the session's step);
-    `value_bytes`: what the strategy's own reduce hands to collectives per gradient value (default:
-    Horovod's, `horovod_value_bytes`)."""
-    return Communication(config, session, session.rank, session.world_size, exchange, value_bytes)
+    `step_bytes(step)`: what the strategy's own reduce hands to collectives at optimizer step `step`
+    (counted from this process's start; default: Horovod's, `horovod_value_bytes` a value)."""
+    return Communication(config, session, session.rank, session.world_size, exchange, step_bytes)
 
 
 class Communication:
-    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool,
-                 value_bytes: float | None = None):
+    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool, step_bytes=None):
         self.session, self.rank, self.world = session, rank, world_size
         self.toolkit = exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
@@ -54,17 +53,20 @@ class Communication:
         self.ops = arrays.of(session)
         self.dgc = config.dgc
         self.exchange = make_exchange(config, self.ops) if self.toolkit else None
-        self.horovod_value_bytes = value_bytes if value_bytes is not None else horovod_value_bytes(config)
+        self.step_bytes = step_bytes
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.steps = 0              # optimizer steps since this process started
         self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
+        if self.step_bytes is None:     # Horovod's own reduce: dense, 2 bytes a value with fp16
+            per_step = self.values * horovod_value_bytes(config)
+            self.step_bytes = lambda step: per_step
 
     # -- the trainer's calls -------------------------------------------------------------------
     def step(self, batches, step: int) -> float:
         """One optimizer step over the micro-batches (`step` is the global step index); local mean loss."""
         if not self.toolkit:
-            self._count_horovod()
+            self._count_horovod(step)
             return self.session._train_step(batches)
         loss, grads = self.session.local_gradients(batches)
         self._exchange(grads, step)
@@ -73,16 +75,16 @@ class Communication:
     def finish_step(self, step: int) -> None:
         """The step's gradients are computed (the user's backward passes): reduce and apply them."""
         if not self.toolkit:
-            self._count_horovod()
+            self._count_horovod(step)
             self.session._apply_step()
             return
         _, grads = self.session.local_gradients(None)
         self._exchange(grads, step)
 
-    def _count_horovod(self) -> None:
+    def _count_horovod(self, step: int) -> None:
+        if self.world > 1:      # nothing crosses the wire in a 1-rank job (Horovod skips the allreduce)
+            self.bytes_sent += self.step_bytes(self.steps)     # counted from this process's start, as hooks count
         self.steps += 1
-        if self.world > 1:      # Horovod skips the allreduce of a 1-rank job
-            self.bytes_sent += self.values * self.horovod_value_bytes
 
     def _exchange(self, grads, step: int) -> None:
         self.steps += 1

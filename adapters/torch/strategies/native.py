@@ -8,9 +8,10 @@ collectives over Gloo always) is initialised from whichever launcher started the
   statistics are averaged where the toolkit averages them, as on Horovod); its hooks allreduce each
   gradient bucket during the backward pass, so `reduce` has nothing left to do. Accumulation sets
   DDP's own `require_backward_grad_sync` (what `no_sync()` sets) before each micro-batch's forward.
-- compression fp16 and bf16 are DDP's own comm hooks (`fp16_compress_hook`, `bf16_compress_hook`);
-  int8, top-k, DGC, PowerSGD and local SGD run the toolkit's exchange on this strategy's collectives
-  (the model then stays unwrapped: the exchange moves the whole step's gradients itself).
+- compression fp16, bf16 and powersgd are DDP's own comm hooks (adapters/torch/comm_hooks.py; PowerSGD on
+  Gloo with one gradient bucket, the only way torch 2.14's hook works there); int8, top-k, DGC and local
+  SGD (and PowerSGD for a model DDP's hook cannot take) run the toolkit's exchange on this strategy's
+  collectives (the model then stays unwrapped: the exchange moves the whole step's gradients itself).
 - sharding (adapters/torch/sharding.py): zero1 = torch's ZeroRedundancyOptimizer under DDP; fsdp =
   FSDP2 `fully_shard` per block.
 - uneven data: DDP's `Join` (the ranks that ran out shadow the others' allreduces with zeros), entered
@@ -30,9 +31,9 @@ import torch.distributed as dist
 from toolkit.adapters.horovod import gpu_for_local_rank, require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.strategy import Strategy
 from toolkit.adapters.topology import Topology
-from toolkit.adapters.torch import rendezvous, sharding
+from toolkit.adapters.torch import comm_hooks, rendezvous, sharding
 from toolkit.adapters.torch.strategies.common import TorchStrategy
-from toolkit.config import Compression, Sharding
+from toolkit.config import Sharding
 from toolkit.errors import ToolkitError
 
 # BatchNorm statistics not broadcast from rank 0 before every forward (the toolkit averages them where
@@ -40,8 +41,6 @@ from toolkit.errors import ToolkitError
 NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                           inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
                           else {"broadcast_buffers": False})
-# The comm hooks DDP ships for the config's compressions that need no state of the toolkit's.
-DDP_HOOKS = {Compression.FP16: "fp16_compress_hook", Compression.BF16: "bf16_compress_hook"}
 
 
 class TorchNative(TorchStrategy, Strategy):
@@ -50,7 +49,7 @@ class TorchNative(TorchStrategy, Strategy):
 
     def __init__(self, config):
         super().__init__(config)
-        self.hook = DDP_HOOKS.get(config.compression) if config.sync.value == "every_step" else None
+        self.hook = comm_hooks.chosen(config)     # DDP's own hook for the compression (adapters/torch/comm_hooks.py)
         self.exchange = config.toolkit_exchange and self.hook is None
         self.sharding = config.sharding
         self.join_context = None
@@ -113,6 +112,8 @@ class TorchNative(TorchStrategy, Strategy):
             from toolkit.config.rules import DATAPARALLEL
             raise ToolkitError(f"session.setup(model): a torch.nn.DataParallel is refused: {DATAPARALLEL}; pass "
                                "the module inside it (model.module): backend native wraps it in DDP")
+        if self.hook and not comm_hooks.fits(self.hook, model, self.backend):
+            self.hook, self.exchange = None, True      # DDP's PowerSGD cannot here: the toolkit's
         if self.exchange:
             return
         if self.sharding is Sharding.FSDP:
@@ -120,10 +121,9 @@ class TorchNative(TorchStrategy, Strategy):
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
             session.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                **NO_FORWARD_BUFFER_SYNC)
+                                **NO_FORWARD_BUFFER_SYNC, **comm_hooks.ddp_options(self.hook, model, self.backend))
             if self.hook:
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-                session.model.register_comm_hook(None, getattr(default_hooks, self.hook))   # the default group
+                comm_hooks.register(session.model, self.hook, self.config)
             if self.sharding is Sharding.ZERO1:
                 session.optimizer = sharding.zero1(session.optimizer)
             if self.config.data_fractions():
@@ -144,8 +144,14 @@ class TorchNative(TorchStrategy, Strategy):
 
     def communication(self, session):
         from toolkit.exchange import communication
-        return communication.for_session(self.config, session, exchange=self.exchange,
-                                         value_bytes=sharding.bytes_per_value(self.config, self.size))
+        if self.exchange:
+            return communication.for_session(self.config, session, exchange=True)
+        model = self.unwrap(session.model)
+        grads = comm_hooks.step_bytes(self.hook, self.config, model)     # the gradients' reduction
+        extra = sharding.extra_bytes_per_value(self.config, self.size) * \
+            sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return communication.for_session(self.config, session, exchange=False,
+                                         step_bytes=lambda step: grads(step) + extra)
 
     def full_state(self, part) -> dict:
         if self.sharding is Sharding.NONE:
