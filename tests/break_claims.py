@@ -77,8 +77,8 @@ MUTANTS = [
              "    return 4"),),
            (f"{D}::test_fp16_compression_close_to_none[torch]",)),
     Mutant("bytes-at-one-rank", "a 1-rank job sends no bytes",
-           (("toolkit/exchange/communication.py", "        if self.world > 1:      # Horovod skips",
-             "        if True:      # Horovod skips"),),
+           (("toolkit/exchange/communication.py", "        if self.world > 1:      # nothing crosses the wire",
+             "        if True:      # nothing crosses the wire"),),
            (f"{D}::test_single_process_runs_unchanged_and_writes_its_config[torch]",)),
     Mutant("fp16-ignored", "compression: fp16 really compresses (Horovod's fp16 compressor)",
            (("adapters/horovod.py", "compression = hvd.Compression.fp16 if config.compression is Compression.FP16 "
