@@ -3,6 +3,7 @@
 Real jobs under torchrun, horovodrun and mpirun; every claim that the native backend means what Horovod's
 path means is checked as bit-equality of the parameters with the Horovod job of the same config.
 """
+import re
 import sys
 
 import pytest
@@ -100,6 +101,7 @@ def test_a_dataparallel_module_is_refused_in_one_line(tmp_path):
                       "session.setup(torch.nn.DataParallel(torch.nn.Linear(4, 2)))\n")
     proc = run([sys.executable, script], timeout=120)
     last = proc.stderr.strip().splitlines()[-1]     # a user's script: Python's own traceback ends with it
+    last = re.sub(r"^\[rank\d+\]: ", "", last)     # torch.distributed's excepthook tags the lines with the rank
     assert proc.returncode == 1 and last.startswith("toolkit.errors.ToolkitError: session.setup(model): a torch.nn"
                                                     ".DataParallel is refused"), proc.stderr
     assert "GIL" in last and "GPU 0" in last and "model.module" in last
@@ -149,7 +151,7 @@ def test_each_rank_holds_its_share(sharding, tmp_path):
     proc = run([sys.executable, "-m", "toolkit", "launch", "--backend", "native", "--framework", "torch", "-np", "2",
                 "--timeout", "150", "--", "python", script, sharding], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json, re
+    import json
     ranks = [json.loads(line) for line in re.sub(r"\[\d+\]<stdout>:", "", proc.stdout).splitlines() if line.startswith("{")]
     P = 4 * (64 * 64 + 64)
     assert len(ranks) == 2 and len({r["digests"][0] for r in ranks} | set(ranks[0]["digests"])) == 1, ranks

@@ -19,6 +19,7 @@ collectives over Gloo always) is initialised from whichever launcher started the
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import os
@@ -78,6 +79,7 @@ class TorchNative(TorchStrategy, Strategy):
                                     world_size=where.size, timeout=timedelta(minutes=10),
                                     device_id=self.device if gpu is not None else None)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        atexit.register(_shutdown)
         # numpy arrays and pickled objects cross on the CPU: Gloo, beside NCCL where NCCL moves the gradients
         self.cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else None
         self.launcher = where.launcher
@@ -251,3 +253,14 @@ class TorchNative(TorchStrategy, Strategy):
         self.join_context.__exit__(None, None, None)
         steps = self.allgather_object(self.steps, name="toolkit.join_steps")
         return max(range(self.size), key=lambda r: (steps[r], r))
+
+
+def _shutdown() -> None:
+    """At exit, before Python tears its modules down: garbage collected and the process groups destroyed
+    while the interpreter still runs. Left to the interpreter's teardown, a user's script (not the
+    toolkit's own commands, which end without it) sometimes aborted after its work was done (`terminate
+    called without an active exception`, exit 134: 2 and 4 of 8 2-rank runs here, 0 of 20 with this)."""
+    import gc
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
