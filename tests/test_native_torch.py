@@ -35,14 +35,10 @@ def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_m
 
 def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_path):
     """One 5-epoch training cut into five jobs, each resuming the one before on another engine: native ->
-    horovod -> native fsdp -> native zero1 -> horovod, ends bit-identical to horovod's uninterrupted run,
-    which native's own uninterrupted run equals (built-in script, `toolkit launch --backend native`); and a
-    torchrun restart after a rank died resumes to the same end."""
+    horovod -> native fsdp -> native zero1 -> horovod, ends bit-identical to horovod's uninterrupted run (so
+    each engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`); and a torchrun
+    restart after a rank died resumes to the same end."""
     straight = train_job("gloo", DIGITS + ["--epochs", "5"])
-    native = train_job("native", DIGITS + ["--epochs", "5"])
-    assert_replicas(native)
-    assert "DistributedDataParallel" in native["path"] and native["backend"] == "native"
-    assert native["param_digest"] == straight["param_digest"]
     folder = str(tmp_path / "ckpt")
     chain = [("native", []), ("gloo", []), ("native", ["--sharding", "fsdp"]), ("native", ["--sharding", "zero1"]),
              ("gloo", [])]
@@ -50,6 +46,9 @@ def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_p
         out = train_job(launcher, DIGITS + ["--epochs", str(epochs), "--checkpoint-dir", folder, *extra] +
                         (["--resume"] if epochs > 1 else []))
         assert len(set(out["final_digests"])) == 1, (epochs, out)
+        if epochs == 1:     # the first epoch on native from scratch: the replicas start apart, end equal
+            assert_replicas(out)
+            assert "DistributedDataParallel" in out["path"] and out["backend"] == "native"
         if epochs > 1:
             assert out["resumed_from"] and out["steps_run"] == out["steps"] // epochs, (epochs, out)
         if extra:

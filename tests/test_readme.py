@@ -57,6 +57,11 @@ NOT_HERE = [
      "installs into, or makes, an environment of your own (tests/test_install.py does it in fresh virtualenvs)"),
     (r"^conda ", "conda's channels are not reachable from this machine (docs/INSTALL.md)"),
     (r"^horovodrun -np 4 ", "needs the GPU container's 4 GPUs"),
+    (r"^horovodrun -np 2 --gloo python examples/your_(keras|mxnet)\.py\b",
+     "runs as written in tests/test_api.py (test_the_your_script_examples_train_under_horovodrun: identical "
+     "replicas, accuracy)"),
+    (r"^toolkit launch --backend native --framework torch -np 2 -- python examples/train\.py --backend native",
+     "runs in tests/test_native_torch.py (the same jobs, checked bit for bit against Horovod's)"),
     (r"^horovodrun -np 2 --gloo python examples/keras_fit\.py (--keras tf_keras )?--epochs 8\b",
      "runs, 8 epochs, both Keras, in tests/test_keras_fit.py (horovodrun -H localhost:2; it asserts more)"),
 ]
