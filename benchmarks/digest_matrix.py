@@ -56,6 +56,10 @@ MATRIX = [
     ("torch native compression powersgd", "torchrun", 2,
      (*TORCH, "--backend", "native", "--compression", "powersgd")),
     ("torch native local_sgd", "torchrun", 2, (*TORCH, "--backend", "native", "--sync", "local_sgd")),
+    ("torch clip 0.5", "gloo", 2, (*TORCH, "--clip-grad-norm", "0.5")),
+    ("torch native clip 0.5", "torchrun", 2, (*TORCH, "--backend", "native", "--clip-grad-norm", "0.5")),
+    ("torch precision fp16", "gloo", 2, (*TORCH, "--precision", "fp16")),
+    ("torch native precision fp16", "torchrun", 2, (*TORCH, "--backend", "native", "--precision", "fp16")),
 ]
 
 
