@@ -57,11 +57,7 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
               f"#   mpirun -np {spec.np} -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH "
               + " ".join(shlex.quote(a) for a in spec.command),
               "set -euo pipefail"]
-    lines += [f"export {shlex.quote(item.split('=', 1)[0])}={shlex.quote(item.split('=', 1)[1])}" for item in spec.env]
-    lines.append("export PYTHONUNBUFFERED=1")
-    if spec.network_interface:
-        lines.append(f"export HOROVOD_GLOO_IFACE={shlex.quote(spec.network_interface)}"
-                     f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
+    lines += _exports(spec, "HOROVOD_GLOO_IFACE")
     srun = "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none " + " ".join(shlex.quote(a) for a in spec.command)
     folder = _checkpoint_dir(spec)
     if folder is None:
@@ -76,6 +72,17 @@ def slurm(spec: LaunchSpec, timeout: Optional[float] = None, gpus: bool = False,
               f'if [ "$rc" -eq {EXIT_CODE} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
               'exit "$rc"']
     return "\n".join(lines) + "\n"
+
+
+def _exports(spec: LaunchSpec, gloo_interface: str) -> list[str]:
+    """The job script's `export` lines: --env items, unbuffered output, the NIC for Gloo (`gloo_interface`:
+    Horovod's or torch's variable) and NCCL."""
+    lines = [f"export {shlex.quote(item.split('=', 1)[0])}={shlex.quote(item.split('=', 1)[1])}" for item in spec.env]
+    lines.append("export PYTHONUNBUFFERED=1")
+    if spec.network_interface:
+        lines.append(f"export {gloo_interface}={shlex.quote(spec.network_interface)}"
+                     f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
+    return lines
 
 
 GRACE_SECONDS = 120     # SIGTERM this long before the end: enough for a step and a checkpoint
@@ -94,11 +101,7 @@ def _slurm_torchrun(spec: LaunchSpec, timeout: Optional[float], gpus: bool, name
     lines += [f"# Made by `toolkit launch --emit slurm`: one torchrun per node starts its {per_node} rank(s); they",
               f"# meet at the c10d rendezvous on the first node (port {TORCHRUN_PORT}).",
               "set -euo pipefail"]
-    lines += [f"export {shlex.quote(item.split('=', 1)[0])}={shlex.quote(item.split('=', 1)[1])}" for item in spec.env]
-    lines.append("export PYTHONUNBUFFERED=1")
-    if spec.network_interface:
-        lines.append(f"export GLOO_SOCKET_IFNAME={shlex.quote(spec.network_interface)}"
-                     f" NCCL_SOCKET_IFNAME={shlex.quote(spec.network_interface)}")
+    lines += _exports(spec, "GLOO_SOCKET_IFNAME")
     lines.append('head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
     torchrun = ["torchrun", *torchrun_size(spec, nodes, per_node), "--nproc-per-node", str(per_node),
                 "--rdzv-backend", "c10d"]
