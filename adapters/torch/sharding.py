@@ -37,6 +37,13 @@ def extra_bytes_per_value(config, size: int) -> float:
     return 2 * (2 if config.precision is Precision.BF16 else 4) / size
 
 
+@torch.no_grad()
+def broadcast_module(module, root: int = 0) -> None:
+    """Every parameter and buffer of a plain (unsharded) module from rank `root`, in place."""
+    for tensor in module.state_dict().values():
+        dist.broadcast(tensor, src=root)
+
+
 def zero1(optimizer):
     """The user's optimizer as a ZeroRedundancyOptimizer of its class, its parameter groups and settings."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -66,9 +73,7 @@ def fully_shard(session, strategy):
     if any(optimizer.state.values()):
         raise ToolkitError("sharding=fsdp: the optimizer already has state (it stepped before setup); pass a "
                            "fresh optimizer to session.setup")
-    with torch.no_grad():       # every rank starts from rank 0's model, as DDP's constructor does
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+    broadcast_module(model)     # every rank starts from rank 0's model, as DDP's constructor does
     name_of = {id(p): n for n, p in model.named_parameters()}
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [name_of[id(p)] for p in g["params"]]}
               for g in optimizer.param_groups]
@@ -124,9 +129,7 @@ def broadcast(session, strategy, stash: dict | None) -> None:
         model = strategy.unwrap(part.model)
         if stash is not None:
             model.load_state_dict(stash["model"])
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
+        broadcast_module(model)
         optimizer_state = strategy.broadcast_object(stash["optimizer"] if stash else None,
                                                     name="toolkit.zero1_optimizer")
         part.optimizer.load_state_dict(optimizer_state)

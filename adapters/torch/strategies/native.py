@@ -172,9 +172,7 @@ class TorchNative(TorchStrategy, Strategy):
             stash, self._stash = self._stash, None
             sharding.broadcast(session, self, stash)
             return
-        with torch.no_grad():
-            for tensor in self.unwrap(session.model).state_dict().values():
-                dist.broadcast(tensor, src=root)
+        sharding.broadcast_module(self.unwrap(session.model), root)
         state = self.broadcast_object(session.optimizer.state_dict(), name="toolkit.optimizer_state", root=root)
         if self.rank != root:
             session.optimizer.load_state_dict(state)
