@@ -80,17 +80,23 @@ def from_bench(path: Path) -> OneWorker:
 
 class Recorder:
     """Stands in for the session's collectives (adapters/base.py): notes each one and its bytes, and
-    returns what `world` identical ranks would (allreduce: the input; allgather: `world` copies)."""
+    returns what `world` identical ranks would (allreduce: the input; allgather: `world` copies).
+    `timer`: the exchange's; its reading at the first collective is kept (`before_first`)."""
 
-    def __init__(self, ops, world: int):
-        self.ops, self.world, self.calls = ops, world, []
+    def __init__(self, ops, world: int, timer=None):
+        self.ops, self.world, self.calls, self.timer, self.before_first = ops, world, [], timer, None
+
+    def _note(self, name: str, buf) -> None:
+        if self.before_first is None and self.timer is not None:
+            self.before_first = self.timer.seconds
+        self.calls.append((name, int(buf.nbytes)))
 
     def allreduce(self, buf, average: bool = True):
-        self.calls.append(("allreduce", int(buf.nbytes)))
+        self._note("allreduce", buf)
         return buf
 
     def allgather(self, buf):
-        self.calls.append(("allgather", int(buf.nbytes)))
+        self._note("allgather", buf)
         return self.ops.cat([buf] * self.world)
 
 
@@ -119,27 +125,26 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     ops = arrays.numpy_ops()
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    seconds = {}
-    for world in (1, 2):
-        exchange, times = make_exchange(cfg, ops), []
-        for i in range(1 + (rounds if compression_s is None else 0)):
-            recorder = Recorder(ops, world)
-            before = exchange.timer.seconds
-            exchange.exchange([g.copy() for g in grads], recorder, world)
-            if i:
-                times.append(exchange.timer.seconds - before)
-        seconds[world] = statistics.median(times) if times else 0.0
-        calls = recorder.calls
+    exchange, compress_times, decode_times = make_exchange(cfg, ops), [], []
+    for i in range(1 + (rounds if compression_s is None else 0)):
+        recorder = Recorder(ops, 2, exchange.timer)
+        before = exchange.timer.seconds
+        exchange.exchange([g.copy() for g in grads], recorder, 2)
+        if i:       # timed apart, not by difference: the work before the first collective is compression
+            spent = exchange.timer.seconds - before
+            first = (recorder.before_first if recorder.before_first is not None else exchange.timer.seconds) - before
+            compress_times.append(spent if name == "powersgd" else first)
+            decode_times.append(0.0 if name == "powersgd" else (spent - first) / 2)
+    calls = recorder.calls
     assert sum(b for _, b in calls) == exchange.last_bytes      # what bytes_sent_per_step counts
     if compression_s is None:
-        decode = max(seconds[2] - seconds[1], 0.0)
-        compress = max(seconds[1] - decode, 0.0)
+        compress, decode = statistics.median(compress_times), statistics.median(decode_times)
     else:
         compress, decode = compression_s, 0.0
     label = (f"topk {cfg.topk_ratio:g}" if name == "topk" else
              f"powersgd rank {cfg.powersgd_rank}" if name == "powersgd" else name)
     return scaling.Method(label, "exchange", collectives=tuple(calls), compress_s=compress,
-                          decode_s=decode if name != "powersgd" else 0.0, lossless=False)
+                          decode_s=decode, lossless=False)
 
 
 def methods(config: Config, names: list[str], shapes: list, compression_s: float | None) -> list[scaling.Method]:
