@@ -539,6 +539,10 @@ class Session(TensorWork):
         """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
         return self.strategy.allgather(array)
 
+    def alltoall(self, array, splits: list[int]):
+        """1-D array in, part j (splits[j] values) to rank j; the parts every rank sent this one, in rank order."""
+        return self.strategy.alltoall(array, splits)
+
     def broadcast(self, root: int = 0) -> None:
         """Every model (parameters and buffers) and optimizer state from rank `root` to every rank."""
         for part in self.parts:

@@ -75,6 +75,11 @@ class Strategy(abc.ABC):
     def allgather(self, array):
         """1-D array in (any length per rank), the ranks' arrays concatenated in rank order out."""
 
+    def alltoall(self, array, splits: list[int]):
+        """1-D array in, cut in len(splits) parts (part j, splits[j] values, goes to rank j); the parts the
+        ranks sent this rank out, concatenated in rank order."""
+        raise self.refuse("alltoall (the compressed allreduce of bf16 and int8)")
+
     @abc.abstractmethod
     def allgather_object(self, obj, name: str) -> list: ...
 

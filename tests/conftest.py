@@ -219,6 +219,27 @@ def timeline_ops(path) -> dict:
     return ops
 
 
+def timeline_exchange(path) -> dict:
+    """{kind: [output shape of each op]} for the alltoall and allgather ops in a Horovod timeline that
+    are not the toolkit's own named ones: the gradient exchange's collectives over the whole job."""
+    text = Path(path).read_text().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    names, out = {}, {"alltoall": [], "allgather": []}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("name") == "process_name" and "name" in args:
+            names[e["pid"]] = args["name"]
+        elif e.get("ph") == "B" and e.get("name") in ("ALLTOALL", "ALLGATHER"):
+            name = names[e["pid"]]
+            if "toolkit." not in name:
+                out[e["name"].lower()].append(None)
+        elif e.get("ph") == "E" and "shape" in args and "toolkit." not in names[e["pid"]]:
+            kind = "allgather" if "allgather" in names[e["pid"]].lower() else None
+            if kind and out[kind] and out[kind][-1] is None:
+                out[kind][-1] = json.loads(args["shape"])
+    return out
+
+
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "int8": 1}
 
 

@@ -1,6 +1,7 @@
 """The toolkit's gradient compression on known tensors, on every array namespace (toolkit/exchange/arrays.py):
 numpy (TensorFlow's and MXNet's gradients, and the CPU fallback) and torch tensors (CPU here, CUDA
 when a GPU is present). No MPI: collectives are simulated where a test needs ranks."""
+import math
 import threading
 
 import numpy as np
@@ -195,6 +196,15 @@ class Comm:
     def allgather(self, array):
         return self._collective(array, self.ranks.ops.cat)
 
+    def alltoall(self, array, splits):
+        def mine(slots):            # part `rank` of every rank's buffer, in rank order
+            out = []
+            for buf, parts in slots:
+                start = sum(parts[:self.rank])
+                out.append(buf[start:start + parts[self.rank]])
+            return self.ranks.ops.cat(out)
+        return self._collective((array, list(splits)), mine)
+
     def allreduce(self, array, average=True):
         def mean(xs):
             total = xs[0] * 1
@@ -220,6 +230,80 @@ def test_every_rank_gets_the_same_mean_bit_for_bit(ops, which):
     assert bytes_a > 0
     if which in (0, 1):                                      # bf16, int8: close to the mean
         assert np.abs(a - (grads[0] + grads[1]) / 2).max() < 0.05
+
+
+def _reduced(ops, name, **kw):
+    ex = GradientExchange(BF16(ops) if name == "bf16" else Int8(ops), True, **kw)
+    ex.form = "reduce"
+    return ex
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("name", ["bf16", "int8"])
+@pytest.mark.parametrize("n", [3, 1000, 7 * 256 + 5])          # fewer values than ranks; sizes N does not divide
+def test_compressed_allreduce_gives_every_rank_the_same_mean(ops, world, name, n):
+    """The compressed allreduce (alltoall of N compressed chunks, reduce, allgather of the reduced
+    chunks): bit-identical on every rank, within two quantisations of the true mean, and a rank hands
+    over its compressed payload plus its reduced chunk: 2(N-1)/N of the compressed size on the wire."""
+    from toolkit.exchange import wire
+    grads = [np.random.RandomState(r).randn(n).astype(np.float32) * 3 for r in range(world)]
+
+    def rank_main(rank, comm):
+        ex = _reduced(ops, name)
+        out = ex.exchange([ops.from_numpy(grads[rank])], comm, world)[0]
+        return host(ops, out).copy(), list(ex.calls), ex.chunks(n, world)
+
+    results = Ranks(world, ops).run(rank_main)
+    assert all(np.array_equal(results[0][0], r[0]) for r in results[1:])
+    mean = sum(grads) / world
+    step = np.abs(mean).max() / 127 if name == "int8" else np.abs(mean).max() / 128
+    assert np.abs(results[0][0] - mean).max() <= 2 * step + 1e-6
+    chunks = results[0][2]
+    assert chunks[0][0] == 0 and chunks[-1][1] == n and all(a <= e for a, e in chunks)
+    if name == "int8":
+        assert all(a % 256 == 0 for a, _ in chunks)                # chunk starts are whole scale blocks
+    per_value = 1 if name == "int8" else 2
+    compressed = n * per_value + (4 * math.ceil(n / 256) if name == "int8" else 0)
+    for rank, (_, calls, _) in enumerate(results):
+        (kind1, sent), (kind2, reduced) = calls
+        assert (kind1, kind2) == ("alltoall", "allgather")
+        assert compressed <= sent <= compressed + 8 * 2 * world          # every chunk's parts padded to 8 bytes
+        a, e = chunks[rank]
+        size = (e - a) * per_value + (4 * math.ceil((e - a) / 256) if name == "int8" else 0)
+        assert size <= reduced <= size + 16
+    if n >= 1000:
+        total = sum(wire.sent(k, b, world) for k, b in results[0][1])
+        assert total == pytest.approx(2 * (world - 1) / world * compressed, rel=0.35 if world == 4 else 0.2)
+
+
+@pytest.mark.parametrize("name", ["bf16", "int8"])
+def test_compressed_allreduce_error_feedback_covers_both_quantisations(ops, name):
+    """Over steps: what every rank applied + the ranks' mean first residual + the owners' residuals of
+    the second quantisation == the sum of the true means (nothing lost, only delayed)."""
+    world, n, steps = 3, 1500, 4
+    grads = [[np.random.RandomState(10 * t + r).randn(n).astype(np.float32) for r in range(world)] for t in range(steps)]
+
+    def rank_main(rank, comm):
+        ex = _reduced(ops, name)
+        applied = np.zeros(n)
+        for t in range(steps):
+            applied += host(ops, ex.exchange([ops.from_numpy(grads[t][rank])], comm, world)[0])
+        return applied, host(ops, ex.residual).copy(), host(ops, ex.owner_residual).copy(), ex.state()
+
+    results = Ranks(world, ops).run(rank_main)
+    true = sum(sum(g) / world for g in grads)
+    first = sum(r[1] for r in results) / world
+    second = sum(r[2] for r in results)           # each owner's chunk, zero elsewhere
+    assert np.allclose(results[0][0] + first + second, true, atol=1e-4)
+    assert np.abs(second).max() > 1e-4, "the second quantisation's error is kept"
+    assert all(set(r[3]) == {"residuals", "owner_residuals"} for r in results)     # both in the checkpoint
+
+
+def test_the_allgather_stays_at_two_ranks_and_the_compressed_allreduce_runs_above():
+    from toolkit.planner import scaling
+    for payload in (1e3, 1e6, 1e8):
+        assert scaling.exchange_form(2, payload) == "allgather"
+    assert scaling.exchange_form(3, 100) == scaling.exchange_form(64, 1e8) == "reduce"
 
 
 def test_bytes_are_zero_at_world_size_one(ops):

@@ -20,31 +20,33 @@ session (adapters/base.py) calls `step` (its `train_step`: forward, backward and
 
 `bytes_sent` counts the payload each rank hands to a collective: the compressed bytes (plus the
 small length header) for the toolkit's exchange, the dense bytes for Horovod's path (nothing in a
-1-rank job, where Horovod skips the allreduce) and for model averages. Ring algorithms move a small
-multiple of it (allreduce 2(N-1)/N, allgather N-1). The tests check the Horovod path's figure against
+1-rank job, where Horovod skips the allreduce) and for model averages. `wire_sent` counts what those
+collectives send over the links (toolkit/exchange/wire.py: allreduce 2(N-1)/N, allgather N-1
+payloads, alltoall (N-1)/N). The tests check the Horovod path's figure against
 what Horovod's own timeline says it reduced (tests/conftest.py `timeline_gradient_bytes`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.exchange import arrays, numerics
+from toolkit.exchange import arrays, numerics, wire
 from toolkit.exchange.exchanges import PowerSGDExchange, make_exchange
 from toolkit.config import Compression, Config, Sync
 
 STATE_FILE = "communication.npz"
 
 
-def for_session(config: Config, session, exchange: bool, step_bytes=None) -> "Communication":
+def for_session(config: Config, session, exchange: bool, step_calls=None) -> "Communication":
     """The session's communication; `exchange`: the strategy's answer, whether the toolkit's exchange
     moves the gradients (else the strategy's own reduce does, inside the session's step);
-    `step_bytes(step)`: what the strategy's own reduce hands to collectives at optimizer step `step`
-    (counted from this process's start; default: Horovod's, `horovod_value_bytes` a value)."""
-    return Communication(config, session, session.rank, session.world_size, exchange, step_bytes)
+    `step_calls(step)`: the collectives the strategy's own reduce runs at optimizer step `step`, as
+    (kind, bytes handed over) (counted from this process's start; default: Horovod's allreduce,
+    `horovod_value_bytes` a value)."""
+    return Communication(config, session, session.rank, session.world_size, exchange, step_calls)
 
 
 class Communication:
-    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool, step_bytes=None):
+    def __init__(self, config: Config, session, rank: int, world_size: int, exchange: bool, step_calls=None):
         self.session, self.rank, self.world = session, rank, world_size
         self.toolkit = exchange
         self.local_steps = config.local_steps if config.sync is Sync.LOCAL_SGD else None
@@ -53,14 +55,15 @@ class Communication:
         self.ops = arrays.of(session)
         self.dgc = config.dgc
         self.exchange = make_exchange(config, self.ops) if self.toolkit else None
-        self.step_bytes = step_bytes
+        self.step_calls = step_calls
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
+        self.wire_sent = 0.0        # what those collectives sent over the links (toolkit/exchange/wire.py)
         self.steps = 0              # optimizer steps since this process started
         self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
-        if self.step_bytes is None:     # Horovod's own reduce: dense, 2 bytes a value with fp16
-            per_step = self.values * horovod_value_bytes(config)
-            self.step_bytes = lambda step: per_step
+        if self.step_calls is None:     # Horovod's own reduce: dense, 2 bytes a value with fp16
+            calls = [("allreduce", self.values * horovod_value_bytes(config))]
+            self.step_calls = lambda step: calls
 
     # -- the trainer's calls -------------------------------------------------------------------
     def step(self, batches, step: int) -> float:
@@ -83,8 +86,13 @@ class Communication:
 
     def _count_horovod(self, step: int) -> None:
         if self.world > 1:      # nothing crosses the wire in a 1-rank job (Horovod skips the allreduce)
-            self.bytes_sent += self.step_bytes(self.steps)     # counted from this process's start, as hooks count
+            self._count(self.step_calls(self.steps))     # counted from this process's start, as hooks count
         self.steps += 1
+
+    def _count(self, calls) -> None:
+        for kind, nbytes in calls:
+            self.bytes_sent += nbytes
+            self.wire_sent += wire.sent(kind, nbytes, self.world)
 
     def _exchange(self, grads, step: int) -> None:
         self.steps += 1
@@ -99,7 +107,7 @@ class Communication:
             if isinstance(self.exchange, PowerSGDExchange):
                 self.exchange.step = step
             grads = self.exchange.exchange(grads, self.session, self.world)
-            self.bytes_sent += self.exchange.last_bytes
+            self._count(self.exchange.calls)
             self.session.apply_gradients(self._clip(grads))
 
     def _epoch(self, step: int) -> int:
@@ -125,7 +133,7 @@ class Communication:
         flat = ops.flatten(state)
         if self.world > 1:
             flat = self.session.allreduce(flat, average=True)
-            self.bytes_sent += flat.nbytes
+            self._count([("allreduce", flat.nbytes)])
         self.session.set_state(ops.unflatten(flat, state))
         self.since_average = 0
 
@@ -141,15 +149,18 @@ class Communication:
     def method(self) -> str:
         if isinstance(self.exchange, PowerSGDExchange):
             return f"powersgd rank {self.exchange.rank}"
-        return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}"
+        form = {"reduce": " (compressed allreduce)", "allgather": " (allgather)"}.get(self.exchange.form, "")
+        return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}{form}"
 
     def summary(self) -> dict:
         """Bytes this rank handed to collectives per optimizer step (0 at world size 1: nothing crosses
-        the wire), their ratio to dense float32, and the milliseconds per step spent compressing and
-        decompressing (0 for Horovod's path, whose fp16 casts happen inside Horovod)."""
+        the wire), what they sent over the links (toolkit/exchange/wire.py), their ratio to dense
+        float32, and the milliseconds per step spent compressing and decompressing (0 for Horovod's
+        path, whose fp16 casts happen inside Horovod)."""
         per_step = self.bytes_sent / self.steps if self.steps else 0.0
         seconds = self.exchange.timer.seconds if self.exchange else 0.0
         return {"bytes_sent_per_step": per_step,
+                "wire_bytes_per_step": self.wire_sent / self.steps if self.steps else 0.0,
                 "compression_ratio": self.values * 4 / per_step if per_step else None,
                 "compression_ms_per_step": 1000 * seconds / self.steps if self.steps else 0.0}
 

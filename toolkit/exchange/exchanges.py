@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from toolkit.config import Compression, Op
-from toolkit.exchange.compression import ALIGN, Compressor, Timer, density, make
+from toolkit.exchange.compression import ALIGN, INT8_BLOCK, Compressor, Timer, density, make
 
 
 @dataclass
@@ -52,8 +52,10 @@ class GradientExchange:
     average: bool = True                       # False: op sum (the sum of the ranks' mean gradients)
     ops: object = None
     residual: object = None                    # flat float32, this rank's, when error_feedback
-    last_bytes: int = 0
-    timer: Timer = field(init=False)
+    calls: list = field(default_factory=list)  # the last step's collectives: (kind, bytes this rank handed over)
+    form: str | None = None                    # bf16/int8: "allgather" or "reduce"; None: the model's choice
+    owner_residual: object = None              # the compressed allreduce: what the second quantisation
+    timer: Timer = field(init=False)           # dropped from this rank's own chunk (flat, zero elsewhere)
 
     def __post_init__(self):
         self.ops = self.ops or self.compressor.ops
@@ -61,6 +63,12 @@ class GradientExchange:
         self.timer = Timer(self.ops)
         self.spare = None           # the next step's flat buffer (the last residual's, or the last flat)
         self.total = None           # the sum of the ranks' payloads, reused every step
+        self.chunk_compressor = None    # the compressed allreduce's second quantisation (its own buffers)
+
+    @property
+    def last_bytes(self) -> int:
+        """What this rank handed to collectives in the last step (bytes_sent_per_step's meaning)."""
+        return sum(b for _, b in self.calls)
 
     def _buffer(self, n: int):
         b, self.spare = self.spare, None
@@ -80,7 +88,7 @@ class GradientExchange:
 
     def exchange_flat(self, flat, comm, world_size: int):
         if self.compressor.name == "none":
-            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            self.calls = [("allreduce", len(flat) * 4)] if world_size > 1 else []
             return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
         n = len(flat)
         self.timer.start()
@@ -93,6 +101,8 @@ class GradientExchange:
         else:
             self.spare = flat
         self.timer.stop()
+        if world_size > 1 and self._reduces(n, world_size):
+            return self._reduce(payload, n, comm, world_size)
         total = self._gather_and_sum(payload, n, comm, world_size)
         if self.average and world_size > 1:
             total /= world_size
@@ -100,11 +110,104 @@ class GradientExchange:
 
     def state(self) -> dict:
         """This rank's flat float32 state for checkpoints (name -> buffer), or {}."""
-        return {"residuals": self.residual} if self.error_feedback and self.residual is not None else {}
+        out = {"residuals": self.residual} if self.error_feedback and self.residual is not None else {}
+        if self.error_feedback and self.owner_residual is not None:
+            out["owner_residuals"] = self.owner_residual
+        return out
 
     def load_state(self, state: dict) -> None:
         if "residuals" in state:
             self.residual = state["residuals"]
+        if "owner_residuals" in state:
+            self.owner_residual = state["owner_residuals"]
+
+    # -- the compressed allreduce (bf16, int8) ------------------------------------------------------
+    def _reduces(self, n: int, world_size: int) -> bool:
+        """Whether this step takes the compressed allreduce rather than the allgather: bf16 and int8
+        only, as the planner's model prices the two for this payload (toolkit/planner/scaling.py)."""
+        if self.compressor.name not in ("bf16", "int8"):
+            return False
+        if self.form is None:
+            from toolkit.planner import scaling
+            payload = n * (1 if self.compressor.name == "int8" else 2)
+            self.form = scaling.exchange_form(world_size, payload)
+        return self.form == "reduce"
+
+    def chunks(self, n: int, world_size: int) -> list[tuple[int, int]]:
+        """(start, end) of each rank's chunk of the flat buffer: N nearly equal parts whose starts are
+        whole compression blocks (int8's scales then split with the values); empty ones when n is small."""
+        block = INT8_BLOCK if self.compressor.name == "int8" else ALIGN // 2
+        blocks = math.ceil(n / block)
+        starts = [min(n, (j * blocks // world_size) * block) for j in range(world_size)]
+        return list(zip(starts, starts[1:] + [n]))
+
+    def _slice(self, payload, start: int, end: int):
+        """The part of a whole-buffer payload that compressing flat[start:end] alone gives."""
+        if self.compressor.name == "int8":
+            q, scales = payload
+            return q[start:end], scales[start // INT8_BLOCK:math.ceil(end / INT8_BLOCK)]
+        return (payload[0][start:end],)
+
+    def _part_bytes(self, size: int) -> int:
+        """Bytes of one packed chunk of `size` values (each part padded to ALIGN)."""
+        widths = {"int8": (1, 4), "bf16": (2,)}[self.compressor.name]
+        lengths = self.compressor.lengths(size)
+        return sum(c * w + (-c * w) % ALIGN for c, w in zip(lengths, widths))
+
+    def _reduce(self, payload, n: int, comm, world_size: int):
+        """The compressed allreduce: chunk j of every rank's payload goes to rank j (alltoall); rank j
+        decompresses and sums them in rank order, averages, adds what its last second quantisation
+        dropped (error feedback), compresses its reduced chunk again and keeps the new error; an
+        allgather of the reduced chunks gives every rank the same compressed result, which every rank
+        decompresses: replicas stay bit-identical. A rank sends 2(N-1)/N of the compressed size."""
+        ops, me = self.ops, comm.rank
+        chunks = self.chunks(n, world_size)
+        start, end = chunks[me]
+        mine = end - start
+        parts = [self._pack(self._slice(payload, a, e))[1] for a, e in chunks]
+        splits = [len(p) for p in parts]
+        received = comm.alltoall(ops.cat(parts), splits)
+        step = self._part_bytes(mine)
+        dtypes = [part.dtype for part in payload]
+        self.timer.start()
+        if self.chunk_compressor is None:
+            self.chunk_compressor = make(self.compressor.name, ops=ops)
+        cc = self.chunk_compressor
+        x = self._total(n)[:mine]
+        for r in range(world_size):
+            cc.add_into(x, self._unpack(received, dtypes, cc.lengths(mine), r * step), mine)
+        if self.average:
+            x /= world_size
+        if self.error_feedback:
+            if self.owner_residual is None or len(self.owner_residual) != n:
+                self.owner_residual = ops.zeros(n)
+            x += self.owner_residual[start:end]
+        blob = ops.zeros(0, "uint8")           # an empty chunk (fewer values than ranks) sends nothing
+        if mine:
+            reduced = cc.compress(x)
+            blob = self._pack(reduced)[1]
+            if self.error_feedback:
+                cc.subtract_sent(x, reduced)
+                self.owner_residual[start:end] = x
+        self.timer.stop()
+        gathered = comm.allgather(blob)
+        self.calls = [("alltoall", sum(splits)), ("allgather", len(blob))]
+        self.timer.start()
+        out, offset = self._total(n), 0
+        for a, e in chunks:
+            if e > a:
+                cc.add_into(out[a:e], self._unpack(gathered, dtypes, cc.lengths(e - a), offset), e - a)
+            offset += self._part_bytes(e - a)
+        self.timer.stop()
+        return out
+
+    def _unpack(self, blob, dtypes, lengths, offset: int) -> tuple:
+        """The parts (of `dtypes`, `lengths` values) packed at byte `offset` of blob."""
+        parts = []
+        for dtype, count in zip(dtypes, lengths):
+            parts.append(self.ops.from_bytes(blob, dtype, count, offset))
+            offset += count * self.ops.itemsize(dtype) + (-count * self.ops.itemsize(dtype)) % ALIGN
+        return tuple(parts)
 
     def _pack(self, payload):
         """(header int32 lengths, one uint8 blob of the parts, each padded to ALIGN bytes)."""
@@ -119,7 +222,7 @@ class GradientExchange:
     def _gather_and_sum(self, payload, n: int, comm, world_size: int):
         ops = self.ops
         if world_size == 1:
-            self.last_bytes = 0
+            self.calls = []
             self.timer.start()
             total = self._total(n)
             self.compressor.add_into(total, payload, n)
@@ -129,10 +232,10 @@ class GradientExchange:
         header, blob = self._pack(payload)
         fixed = self.compressor.lengths(n)
         if fixed is None:       # lengths differ by rank: one small allgather of them first
-            self.last_bytes = len(header) + len(blob)
+            self.calls = [("allgather", len(header)), ("allgather", len(blob))]
             lengths = ops.to_numpy(comm.allgather(header)).view("int32").reshape(world_size, len(payload))
         else:
-            self.last_bytes = len(blob)
+            self.calls = [("allgather", len(blob))]
             lengths = ops.np.array([fixed] * world_size)
         blobs = comm.allgather(blob)
         self.timer.start()
@@ -265,7 +368,7 @@ class PowerSGDExchange(GradientExchange):
 
     def exchange_flat(self, flat, comm, world_size: int):
         if self.step < self.warmup_steps:       # dense, as torch's hook before start_powerSGD_iter
-            self.last_bytes = len(flat) * 4 if world_size > 1 else 0
+            self.calls = [("allreduce", len(flat) * 4)] if world_size > 1 else []
             self.spare = None
             return comm.allreduce(flat, average=self.average) if world_size > 1 else flat
         ops, r = self.ops, self.rank
@@ -277,7 +380,6 @@ class PowerSGDExchange(GradientExchange):
         dense = [flat[s:s + rows * cols] for s, rows, cols, c, _ in self.plan if not c]
         first = ops.cat([*(p.reshape(-1) for p in ps), *dense]) if ps or dense else ops.zeros(0)
         self.timer.stop()
-        sent = len(first)
         if world_size > 1:
             first = comm.allreduce(first, average=True)
         self.timer.start()
@@ -296,7 +398,6 @@ class PowerSGDExchange(GradientExchange):
                 offset += rows * cols
         q = ops.cat(qs_new) if qs_new else ops.zeros(0)
         self.timer.stop()
-        sent += len(q)
         if world_size > 1 and len(q):
             q = comm.allreduce(q, average=True)
         self.timer.start()
@@ -312,7 +413,8 @@ class PowerSGDExchange(GradientExchange):
         else:
             self.spare = flat
         self.timer.stop()
-        self.last_bytes = sent * 4 if world_size > 1 else 0
+        self.calls = [("allreduce", len(first) * 4)] + ([("allreduce", len(q) * 4)] if len(q) else [])
+        self.calls = self.calls if world_size > 1 else []
         if not self.average:
             out *= world_size
         return out

@@ -110,12 +110,13 @@ def with_efficiency(rows: list[dict]) -> list[dict]:
 
 def table(rows: list[dict], samples_per_step: int) -> str:
     lines = ["| workers | samples/s per worker | total samples/s | step ms | compression ms/step | bytes/step/rank "
-             "| efficiency |",
-             "|---|---|---|---|---|---|---|"]
+             "| wire bytes/step/rank | efficiency |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workers']} | {r['per_worker']:,.1f} +- {r['spread']:,.1f} | {r['total']:,.1f} | "
                      f"{1000 * samples_per_step / r['per_worker']:.2f} | {r.get('compression_ms_per_step', 0):.2f} | "
-                     f"{r.get('bytes_sent_per_step', 0):,.0f} | {100 * r['efficiency']:.1f}% |")
+                     f"{r.get('bytes_sent_per_step', 0):,.0f} | {r.get('wire_bytes_per_step', 0):,.0f} | "
+                     f"{100 * r['efficiency']:.1f}% |")
     return "\n".join(lines)
 
 
@@ -185,6 +186,7 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
         measured = json.loads(result.read_text())
         rows.append({**summarize(measured), "np": n, "path": measured["path"], "device": measured["device"],
                      "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"],
+                     "wire_bytes_per_step": measured["wire_bytes_per_step"],
                      "compression_ms_per_step": measured["compression_ms_per_step"], "shapes": measured["shapes"]})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps

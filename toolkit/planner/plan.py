@@ -83,6 +83,8 @@ class Recorder:
     returns what `world` identical ranks would (allreduce: the input; allgather: `world` copies).
     `timer`: the exchange's; its reading at the first collective is kept (`before_first`)."""
 
+    rank = 0
+
     def __init__(self, ops, world: int, timer=None):
         self.ops, self.world, self.calls, self.timer, self.before_first = ops, world, [], timer, None
 
@@ -126,6 +128,7 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     exchange, compress_times, decode_times = make_exchange(cfg, ops), [], []
+    exchange.form = "allgather"     # bf16, int8: recorded gathered; `collectives_at` prices the other form at N
     for i in range(1 + (rounds if compression_s is None else 0)):
         recorder = Recorder(ops, 2, exchange.timer)
         before = exchange.timer.seconds
@@ -144,7 +147,7 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     label = (f"topk {cfg.topk_ratio:g}" if name == "topk" else
              f"powersgd rank {cfg.powersgd_rank}" if name == "powersgd" else name)
     return scaling.Method(label, "exchange", collectives=tuple(calls), compress_s=compress,
-                          decode_s=decode, lossless=False)
+                          decode_s=decode, lossless=False, reducible=name in ("bf16", "int8"))
 
 
 def methods(config: Config, names: list[str], shapes: list, compression_s: float | None) -> list[scaling.Method]:
@@ -183,11 +186,17 @@ def state_values(config: Config, values: int) -> int:
 # -- output ----------------------------------------------------------------------------------------
 
 def table(plan: scaling.Plan, samples_per_step: int) -> str:
-    head = "| method | bytes/step/GPU | " + " | ".join(f"{n} GPUs: eff., samples/s" for n in plan.gpus) + " |"
-    lines = [head, "|" + "---|" * (2 + len(plan.gpus))]
+    """Per method: bytes handed to collectives and bytes sent over the links per step and GPU (at the
+    largest N), then efficiency and throughput at each N."""
+    n = plan.gpus[-1]
+    head = (f"| method | bytes/step/GPU | wire bytes/step/GPU at {n} | "
+            + " | ".join(f"{g} GPUs: eff., samples/s" for g in plan.gpus) + " |")
+    lines = [head, "|" + "---|" * (3 + len(plan.gpus))]
     for m in plan.methods:
         cells = [f"{100 * c.efficiency:.1f}%, {c.n * samples_per_step / c.step_s:,.0f}" for c in plan.rows[m.name]]
-        lines.append(f"| {m.name} | {m.bytes_per_step(plan.workload):,.0f} | " + " | ".join(cells) + " |")
+        last = plan.rows[m.name][-1]
+        lines.append(f"| {m.name} | {last.bytes_per_step:,.0f} | {last.wire_bytes_per_step:,.0f} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -240,7 +249,7 @@ def run(config: Config, worker: OneWorker, cluster: scaling.Cluster, gpus: list[
     (out / "plan.json").write_text(json.dumps({
         "title": title, "recommended": pick.name, "engine": pick.engine, "reason": why, "gpus": gpus,
         "engines": {m.name: m.engine for m in plan.methods},
-        "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency, bytes_per_step=m.bytes_per_step(workload),
+        "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency,
                                samples_per_s=c.n * worker.samples_per_step / c.step_s) for c in plan.rows[m.name]]
                  for m in plan.methods}}, indent=1) + "\n")
     plot(plan, worker.samples_per_step, title, out / "plan.png")

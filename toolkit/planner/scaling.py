@@ -54,6 +54,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from toolkit.errors import ToolkitError
+from toolkit.exchange import wire
 
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's defaults (horovod/common/operations.cc)
 HOROVOD_CYCLE_S = 1e-3
@@ -133,6 +134,11 @@ def ring_allgather(size_per_rank: float, n: int, link: Link) -> float:
     return 0.0 if n <= 1 else link.cost(n - 1, (n - 1) * size_per_rank)
 
 
+def pairwise_alltoall(size: float, n: int, link: Link) -> float:
+    """An alltoall of a buffer of `size` bytes per rank, N parts: N-1 messages of size/N each."""
+    return 0.0 if n <= 1 else link.cost(n - 1, (n - 1) / n * size)
+
+
 def tree_broadcast(size: float, n: int, link: Link) -> float:
     rounds = math.ceil(math.log2(n)) if n > 1 else 0
     return 0.0 if n <= 1 else link.cost(rounds, rounds * size)
@@ -158,6 +164,13 @@ class Cluster:
 
     def broadcast(self, size: float, n: int) -> float:
         return tree_broadcast(size, n, self.ring_link(n))
+
+    def alltoall(self, size: float, n: int) -> float:
+        return pairwise_alltoall(size, n, self.ring_link(n))
+
+    def collective(self, kind: str, size: float, n: int) -> float:
+        """One of the exchange's collectives (`size`: what a rank hands to it)."""
+        return {"allreduce": self.allreduce, "allgather": self.allgather, "alltoall": self.alltoall}[kind](size, n)
 
     def hierarchical_allreduce(self, size: float, n: int) -> float:
         g, m = min(self.gpus_per_node, n), self.nodes(n)
@@ -281,6 +294,7 @@ class Method:
     collectives: tuple = ()           # ('allgather' | 'allreduce', bytes) for kind 'exchange'
     compress_s: float = 0.0           # compress once per step (exchange)
     decode_s: float = 0.0             # decompress and add one rank's payload (allgathered methods)
+    reducible: bool = False           # bf16, int8: the allgather above or the compressed allreduce, the cheaper at N
     local_steps: int = 1
     lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
     note: str = ""
@@ -291,13 +305,30 @@ class Method:
         toolkit's exchange and local SGD run on the Horovod backend's collectives)."""
         return "native" if self.kind == "ddp" else "horovod"
 
-    def bytes_per_step(self, workload: Workload) -> float:
+    def collectives_at(self, cluster: "Cluster", n: int) -> tuple:
+        """The exchange's collectives at N workers: as recorded, or, for bf16 and int8 where the model
+        prices the compressed allreduce cheaper (`exchange_form`), an alltoall of the whole payload and
+        an allgather of one N-th of it."""
+        if not self.reducible or exchange_form(n, self.collectives[0][1], cluster.ring_link(n), self.compress_s,
+                                               self.decode_s) == "allgather":
+            return self.collectives
+        payload = self.collectives[0][1]
+        return (("alltoall", payload), ("allgather", payload / n))
+
+    def bytes_per_step(self, workload: Workload, cluster: "Cluster | None" = None, n: int = 2) -> float:
         """What one worker hands to collectives per step (bytes_sent_per_step's meaning)."""
         if self.kind == "exchange":
-            return float(sum(b for _, b in self.collectives))
+            calls = self.collectives_at(cluster, n) if cluster is not None else self.collectives
+            return float(sum(b for _, b in calls))
         if self.kind == "local_sgd":
             return 4.0 * (workload.state_values or 2 * workload.values) / self.local_steps
         return self.value_bytes * workload.values
+
+    def wire_bytes_per_step(self, workload: Workload, cluster: "Cluster", n: int) -> float:
+        """What one worker sends over the links per step (wire_bytes_per_step's meaning: toolkit/exchange/wire.py)."""
+        if self.kind == "exchange":
+            return float(sum(wire.sent(kind, b, n) for kind, b in self.collectives_at(cluster, n)))
+        return wire.sent("allreduce", self.bytes_per_step(workload), n)
 
 
 @dataclass(frozen=True)
@@ -308,6 +339,7 @@ class StepCost:
     comm_s: float            # communication time in all (hidden or not)
     exposed_s: float         # what adds to the step: communication not hidden, compression, straggling
     bytes_per_step: float
+    wire_bytes_per_step: float = 0.0
 
     @property
     def efficiency(self) -> float:
@@ -319,7 +351,7 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
     wait = compute * workload.straggle * expected_max_normal(n)
     if n <= 1:       # Horovod reduces nothing in a 1-worker job; the toolkit's exchange still compresses
         extra = method.compress_s + method.decode_s if method.kind == "exchange" else 0.0
-        return StepCost(1, compute + extra, compute, 0.0, extra, 0.0)
+        return StepCost(1, compute + extra, compute, 0.0, extra, 0.0, 0.0)
     if method.kind in ("horovod", "ddp"):         # overlapped with the backward pass
         backward = compute * workload.backward_fraction
         if method.kind == "horovod":
@@ -339,16 +371,47 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
             end = ddp_comm_end(sizes, [ready[b[-1]] for b in buckets], lambda b: ring_allreduce(b, n, link))
         exposed = max(0.0, end - backward) + wait
     elif method.kind == "exchange":
-        comm = sum(cluster.allgather(b, n) if kind == "allgather" else cluster.allreduce(b, n)
-                   for kind, b in method.collectives)
-        exposed = comm + method.compress_s + n * method.decode_s + wait
+        calls = method.collectives_at(cluster, n)
+        comm = sum(cluster.collective(kind, b, n) for kind, b in calls)
+        exposed = comm + exchange_work(calls[0][0] == "alltoall", n, method.compress_s, method.decode_s) + wait
     elif method.kind == "local_sgd":
         state = 4.0 * (workload.state_values or 2 * workload.values)
         comm = cluster.allreduce(state, n) / method.local_steps
         exposed = comm + wait / math.sqrt(method.local_steps)     # k steps' variation, one wait
     else:
         raise ValueError(method.kind)
-    return StepCost(n, compute + exposed, compute, comm, exposed, method.bytes_per_step(workload))
+    return StepCost(n, compute + exposed, compute, comm, exposed, method.bytes_per_step(workload, cluster, n),
+                    method.wire_bytes_per_step(workload, cluster, n))
+
+
+def exchange_work(reduced: bool, n: int, compress_s: float, decode_s: float) -> float:
+    """The exchange's compression work at N workers (`compress_s`, `decode_s`: one whole payload's):
+    the allgather compresses once and decodes N payloads; the compressed allreduce compresses once,
+    decodes N chunks of 1/N, compresses its reduced chunk (1/N) and decodes the gathered whole."""
+    return compress_s * (1 + 1 / n) + 2 * decode_s if reduced else compress_s + n * decode_s
+
+
+# What the running exchange assumes when it chooses its form (it does not know the link): 10 Gbit/s, 10 us a
+# message, Horovod's cycle a collective, and compression work at 1 GB/s of payload for either pass.
+RUNTIME_LINK = Link(alpha=1e-5, bandwidth=10e9 / 8, overhead=HOROVOD_CYCLE_S)
+RUNTIME_WORK_S_PER_BYTE = 1e-9
+
+
+def exchange_form(n: int, payload: float, link: Link = RUNTIME_LINK, compress_s: float | None = None,
+                  decode_s: float | None = None) -> str:
+    """bf16 and int8 at N workers, `payload` compressed bytes a rank: "reduce" (the compressed allreduce:
+    alltoall of N chunks, reduce, allgather of the reduced chunks; 2(N-1)/N of the payload on the wire),
+    the default from 3 workers on, or "allgather" (every rank's whole payload to every rank: N-1
+    payloads), kept at 2 workers where the model prices it lower: there both send the same bytes and
+    the allgather needs one collective and half a compression less, so it wins on any link."""
+    if n >= 3:
+        return "reduce"
+    compress_s = payload * RUNTIME_WORK_S_PER_BYTE if compress_s is None else compress_s
+    decode_s = payload * RUNTIME_WORK_S_PER_BYTE if decode_s is None else decode_s
+    gathered = ring_allgather(payload, n, link) + exchange_work(False, n, compress_s, decode_s)
+    reduced = (pairwise_alltoall(payload, n, link) + ring_allgather(payload / n, n, link)
+               + exchange_work(True, n, compress_s, decode_s))
+    return "reduce" if reduced < gathered else "allgather"
 
 
 def _fused(sizes: list[float], fusion: float) -> list[float]:
@@ -374,10 +437,8 @@ class Sample:
 
     def terms(self) -> tuple[float, float]:
         """(messages, bytes through one link) of the ring algorithm: the multipliers of alpha and 1/bandwidth."""
-        if self.kind == "allreduce":
-            return 2 * (self.n - 1), 2 * (self.n - 1) / self.n * self.nbytes
-        if self.kind == "allgather":
-            return self.n - 1, (self.n - 1) * self.nbytes
+        if self.kind in wire.KINDS:
+            return wire.messages(self.kind, self.n), wire.sent(self.kind, self.nbytes, self.n)
         raise ValueError(self.kind)
 
 

@@ -115,6 +115,11 @@ class MxnetHorovod(HorovodStrategy):
         array = np.ascontiguousarray(array)
         return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype)).asnumpy()
 
+    def alltoall(self, array, splits: list[int]):
+        array = np.ascontiguousarray(array)
+        out, _ = self.hvd.alltoall(mx.nd.array(array, dtype=array.dtype), splits=mx.nd.array(splits, dtype="int32"))
+        return out.asnumpy()
+
     def broadcast_object(self, obj, name: str, root: int = 0):
         out = super().broadcast_object(obj, name, root)
         mx.nd.waitall()   # MXNet runs it asynchronously: the root must not move on (or exit) before it is sent

@@ -103,3 +103,8 @@ class TensorflowHorovod(HorovodStrategy):
     def allgather(self, array):
         import numpy as np
         return self.hvd.allgather(tf.constant(np.ascontiguousarray(array))).numpy()
+
+    def alltoall(self, array, splits: list[int]):
+        import numpy as np
+        out, _ = self.hvd.alltoall(tf.constant(np.ascontiguousarray(array)), splits=np.asarray(splits, np.int32))
+        return out.numpy()

@@ -105,3 +105,8 @@ class TorchHorovod(TorchStrategy, HorovodStrategy):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
         out = self.hvd.allgather(tensor)
         return out if torch.is_tensor(array) else out.numpy()
+
+    def alltoall(self, array, splits: list[int]):
+        tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
+        out, _ = self.hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32))
+        return out if torch.is_tensor(array) else out.numpy()

@@ -152,8 +152,10 @@ class TorchNative(TorchStrategy, Strategy):
         grads = comm_hooks.step_bytes(self.hook, self.config, model)     # the gradients' reduction
         extra = sharding.extra_bytes_per_value(self.config, self.size) * \
             sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return communication.for_session(self.config, session, exchange=False,
-                                         step_bytes=lambda step: grads(step) + extra)
+        reduce = "reducescatter" if self.sharding is Sharding.FSDP else "allreduce"
+        return communication.for_session(           # zero1's and fsdp's parameter shares travel as allgathers
+            self.config, session, exchange=False,
+            step_calls=lambda step: [(reduce, grads(step))] + ([("allgather", extra)] if extra else []))
 
     def full_state(self, part) -> dict:
         if self.sharding is Sharding.NONE:
@@ -230,6 +232,19 @@ class TorchNative(TorchStrategy, Strategy):
         rows = [torch.empty_like(padded) for _ in range(self.size)]
         dist.all_gather(rows, padded, group=group)
         out = torch.cat([row[:n] for row, n in zip(rows, lengths)])
+        return out if torch.is_tensor(array) else out.numpy()
+
+    def alltoall(self, array, splits: list[int]):
+        tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
+        if self.size == 1:
+            return array
+        group = self._group(tensor)
+        sizes = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
+        received = torch.empty_like(sizes)
+        dist.all_to_all_single(received, sizes, group=group)        # what each rank will send this one
+        received = [int(n) for n in received]
+        out = torch.empty(sum(received), dtype=tensor.dtype, device=tensor.device)
+        dist.all_to_all_single(out, tensor.contiguous(), received, list(splits), group=group)
         return out if torch.is_tensor(array) else out.numpy()
 
     def allgather_object(self, obj, name: str) -> list:
