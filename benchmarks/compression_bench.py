@@ -59,23 +59,39 @@ HOOKS = [("DDP, no hook", None), ("DDP fp16 hook", "fp16"), ("DDP bf16 hook", "b
 SCRIPT = ROOT / "tests" / "netns_hosts.sh"
 
 
-def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | None = None):
+def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | None = None, steps=None):
+    """One `toolkit bench` job; with `netns`, np_ / 2 ranks on each namespace host. `steps`: (warmup,
+    iters, steps per iter) instead of the command line's."""
+    warmup, iters, per_iter = steps or (a.warmup, a.iters, a.steps)
+
     def run(out: Path) -> dict:
         argv = [str(checkout / ".venv" / "bin" / "python"), "-m", "toolkit", "bench", "--np", str(np_), "--gloo",
-                *MODEL, "--warmup", str(a.warmup), "--iters", str(a.iters), "--steps-per-iter", str(a.steps),
+                *MODEL, "--warmup", str(warmup), "--iters", str(iters), "--steps-per-iter", str(per_iter),
                 "--out", str(out), "--quiet", *flags]
         env = None
-        if netns:       # rank 0 on hostA, rank 1 on hostB, over the (shaped) veth link
-            argv = ["bash", str(SCRIPT), "exec", str(netns), "hostA", *argv, "-H", "hostA:1,hostB:1",
+        if netns:       # the first half of the ranks on hostA, the rest on hostB, over the (shaped) veth link
+            k = np_ // 2
+            argv = ["bash", str(SCRIPT), "exec", str(netns), "hostA", *argv, "-H", f"hostA:{k},hostB:{k}",
                     "--network-interface", "tk0"]
             env = {**os.environ, "PATH": f"{netns}/bin{os.pathsep}{os.environ['PATH']}"}
+        sent = tk0_bytes(netns) if netns else None
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout, cwd=checkout, env=env)
         if proc.returncode != 0:
             return {"failed": " / ".join(ln for ln in proc.stderr.splitlines() if ln.strip())[-300:]}
         row = json.loads((out / "bench.json").read_text())["rows"][0]
-        return {"step_ms": 1000 * 64 / row["per_worker"], "compression_ms": row.get("compression_ms_per_step"),
-                "bytes": row["bytes_sent_per_step"]}
+        result = {"step_ms": 1000 * 64 / row["per_worker"], "compression_ms": row.get("compression_ms_per_step"),
+                  "bytes": row["bytes_sent_per_step"], "wire": row.get("wire_bytes_per_step")}
+        if netns:       # what hostA's interface sent during the job (all of it: setup, broadcast, steps)
+            result["tk0"] = tk0_bytes(netns) - sent
+        return result
     return run
+
+
+def tk0_bytes(hosts: Path) -> int:
+    """Bytes hostA's tk0 has sent so far (`ip -s link`'s TX counter)."""
+    out = subprocess.run(["bash", str(SCRIPT), "exec", str(hosts), "hostA", "ip", "-j", "-s", "link", "show", "tk0"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
 
 
 def ddp_row(hook: str | None, a):
@@ -103,21 +119,89 @@ def link_tables(a) -> int:
         if up.returncode != 0:
             raise SystemExit(f"--netns: cannot make the namespace hosts: {(up.stderr or up.stdout).strip()[-300:]}")
         try:
+            np_ = 2 * a.ranks_per_host
+            methods = [(label, flags) for label, flags in METHODS if not a.methods or label in a.methods.split(",")]
             for rate in a.rates.split(","):
                 subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
-                rows = [(label, toolkit_row(ROOT, 2, flags, a, netns=hosts)) for label, flags in METHODS]
+                rows = [(label, toolkit_row(ROOT, np_, flags, a, netns=hosts)) for label, flags in methods]
+                if a.before:
+                    rows += [(f"{label}, before", toolkit_row(a.before.resolve(), np_, flags, a, netns=hosts))
+                             for label, flags in methods if label in BEFORE]
                 results = measure(rows, a, prefix=f"{rate:8s}")
-                texts.append(f"**Link: {'the veth pair, unshaped' if rate == 'none' else rate}**\n\n"
-                             + table(rows, results, None))
+                texts.append(f"**Link: {'the veth pair, unshaped' if rate == 'none' else rate}, {a.ranks_per_host} "
+                             f"x 2 ranks**\n\n" + table(rows, results, None, np_))
         finally:
             subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
-    command = f"`.venv/bin/python -m benchmarks.compression_bench --netns --rates {a.rates} --rounds {a.rounds} --write-docs`"
+    command = (f"`.venv/bin/python -m benchmarks.compression_bench --netns --rates {a.rates} --ranks-per-host "
+               f"{a.ranks_per_host}" + (f" --methods '{a.methods}'" if a.methods else "")
+               + (" --before DIR" if a.before else "") + f" --rounds {a.rounds} --write-docs`")
     text = (f"Made by {command} on {common.machine()}; {a.warmup} warm-up steps, {a.iters} x {a.steps} "
             "timed.\n\n" + "\n\n".join(texts))
     print(text)
     if a.write_docs:
-        common.write_between("COMMUNICATION.md", "link", text)
+        common.write_between("COMMUNICATION.md", f"link{a.ranks_per_host}" if a.ranks_per_host > 1 else "link", text)
     return 0
+
+
+def hostA_expected(kind: str, nbytes: float, k: int) -> float:
+    """What hostA's link sends for one collective, k ranks on each host, ranks host by host: a ring
+    crosses each way once (one of hostA's ranks sends its whole ring share over it: toolkit/exchange/wire.py);
+    an alltoall sends each of hostA's k ranks' parts for hostB's k ranks (k / 2k of each buffer)."""
+    from toolkit.exchange import wire
+    if kind == "alltoall":
+        return k * nbytes * k / (2 * k)
+    return wire.sent(kind, nbytes, 2 * k)
+
+
+def wire_check(a) -> int:
+    """hostA's interface counter against the wire model: per step, from two jobs of different lengths."""
+    short, long = (1, 1, 2), (1, 1, 10)
+    k = a.ranks_per_host
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = Path(tmp) / "hosts"
+        up = subprocess.run(["bash", str(SCRIPT), "up", str(hosts)], capture_output=True, text=True, timeout=300)
+        if up.returncode != 0:
+            raise SystemExit(f"--wire-check: cannot make the namespace hosts: {(up.stderr or up.stdout).strip()[-300:]}")
+        try:
+            for label, flags in [(lb, f) for lb, f in METHODS if lb in ("none", "int8", "top-k 1%", "bf16")]:
+                runs = {}
+                for steps in (short, long):
+                    with tempfile.TemporaryDirectory() as out:
+                        runs[steps] = toolkit_row(ROOT, 2 * k, flags, a, netns=hosts, steps=steps)(Path(out))
+                if any("failed" in r for r in runs.values()):
+                    lines.append(f"| {label} | failed | | | | |")
+                    continue
+                measured = (runs[long]["tk0"] - runs[short]["tk0"]) / (long[2] - short[2])
+                kind = {"none": ["allreduce"], "top-k 1%": ["allgather", "allgather"]}.get(
+                    label, ["alltoall", "allgather"] if k > 1 else ["allgather"])
+                expected = expected_tk0(label, runs[long], kind, k)
+                lines.append([label, f"{runs[long]['bytes']:,.0f}", f"{runs[long]['wire']:,.0f}", f"{expected:,.0f}",
+                              f"{measured:,.0f}", f"{measured / expected:.3f}"])
+                print(lines[-1], file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
+    text = (f"Made by `.venv/bin/python -m benchmarks.compression_bench --wire-check --ranks-per-host {k}` on "
+            f"{common.machine()}; per step = (hostA's tk0 TX bytes in a 10-step job - in a 2-step job) / 8.\n\n"
+            + common.table(["method", "bytes/step/rank (rank 0)", "wire bytes/step/rank (rank 0)",
+                            "hostA's link, model, bytes/step", "hostA's link, measured (ip -s link)",
+                            "measured / model"], lines))
+    print(text)
+    if a.write_docs:
+        common.write_between("COMMUNICATION.md", "wire", text)
+    return 0
+
+
+def expected_tk0(label: str, row: dict, kinds: list[str], k: int) -> float:
+    """The model's bytes over hostA's link a step, from rank 0's handed bytes split by collective."""
+    handed = row["bytes"]
+    if kinds == ["allreduce"] or kinds == ["allgather"]:
+        return hostA_expected(kinds[0], handed, k)
+    if kinds == ["alltoall", "allgather"]:      # whole payload C to the alltoall, C / N to the allgather
+        n = 2 * k
+        whole = handed * n / (n + 1)
+        return hostA_expected("alltoall", whole, k) + hostA_expected("allgather", whole / n, k)
+    return hostA_expected("allgather", handed, k)      # top-k: the lengths header is a few bytes
 
 
 def measure(rows, a, prefix: str = "") -> dict[str, list[dict]]:
@@ -138,7 +222,7 @@ def median(values: list[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
-def table(rows, results, compute_label: str | None) -> str:
+def table(rows, results, compute_label: str | None, np_: int = 2) -> str:
     """Medians per row; compression's time against the row without an exchange (forward + backward)."""
     compute = [o["step_ms"] for o in results.get(compute_label, []) if "failed" not in o]
     fwd_bwd = median(compute) if compute else None
@@ -157,10 +241,11 @@ def table(rows, results, compute_label: str | None) -> str:
             comp_text = f"{comp_ms:.1f}"
             share = f"{100 * comp_ms / fwd_bwd:.0f}%" if fwd_bwd else "-"
         byte_text = f"{median([o['bytes'] for o in ok]):,.0f}" if ok[0]["bytes"] is not None else "n/a"
+        wire_text = f"{median([o['wire'] for o in ok]):,.0f}" if ok[0].get("wire") is not None else "n/a"
         rounds = ", ".join(f"{o['step_ms']:.0f}" for o in ok)
-        lines.append([label, f"{step:.1f}", rounds, f"{step / none:.2f}", comp_text, share, byte_text])
-    return common.table(["method (2 ranks, Gloo)", "step ms (median)", "rounds", "x none", "compression ms/step",
-                         "compression / forward+backward", "bytes/step/rank"], lines)
+        lines.append([label, f"{step:.1f}", rounds, f"{step / none:.2f}", comp_text, share, byte_text, wire_text])
+    return common.table([f"method ({np_} ranks, Gloo)", "step ms (median)", "rounds", "x none", "compression ms/step",
+                         "compression / forward+backward", "bytes/step/rank", "wire bytes/step/rank"], lines)
 
 
 def main() -> int:
@@ -175,20 +260,26 @@ def main() -> int:
     p.add_argument("--netns", action="store_true", help="2 namespace hosts over a shaped link (root; see above)")
     p.add_argument("--rates", default="none,1gbit,100mbit", help="--netns: link rates, tc's units (default "
                    "none,1gbit,100mbit)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="--netns, --wire-check: ranks on each of the 2 hosts")
+    p.add_argument("--methods", default="", help="only these rows of the toolkit's methods (labels, comma-separated)")
+    p.add_argument("--wire-check", action="store_true", help="hostA's interface counter against wire bytes (root)")
     a = p.parse_args()
+    if a.wire_check:
+        return wire_check(a)
     if a.netns:
         return link_tables(a)
     # the compute a rank does in these jobs: 2 ranks (one core each), local SGD that never averages in
     # them, and no NaN guard (whose norm is part of every other row's step, not of its compression time)
     rows = [(COMPUTE, toolkit_row(ROOT, 2, ["--sync", "local_sgd", "--local-steps", "100000", "--no-nan-guard"], a))]
-    rows += [(label, toolkit_row(ROOT, 2, flags, a)) for label, flags in METHODS]
+    methods = [(label, flags) for label, flags in METHODS if not a.methods or label in a.methods.split(",")]
+    rows += [(label, toolkit_row(ROOT, 2, flags, a)) for label, flags in methods]
     if a.before:
         rows += [(f"{label}, before", toolkit_row(a.before.resolve(), 2, flags, a))
-                 for label, flags in METHODS if label in BEFORE]
+                 for label, flags in methods if label in BEFORE]
     rows += [(label, ddp_row(hook, a)) for label, hook in HOOKS]
     results = measure(rows, a)
     command = "`.venv/bin/python -m benchmarks.compression_bench" + (" --before DIR" if a.before else "") + \
-              f" --rounds {a.rounds} --write-docs`"
+              (f" --methods '{a.methods}'" if a.methods else "") + f" --rounds {a.rounds} --write-docs`"
     text = f"Made by {command} on {common.machine()}.\n\n" + table(rows, results, COMPUTE)
     print(text)
     if a.write_docs:

@@ -58,6 +58,20 @@ def test_bf16_is_the_same_on_every_namespace():
     assert np.array_equal(a, b)
 
 
+def test_int8_is_the_same_on_every_namespace():
+    """numpy's passes and torch's fused ones (max |x| in one reduction, dequantise-and-add in one
+    addcmul) give the same int8 values and scales, with a short last block and an all-zero block."""
+    torch_ops = pytest.importorskip("torch") and arrays.Torch("cpu")
+    x = np.random.RandomState(4).randn(3 * 256 + 77).astype(np.float32) * 50
+    x[256:512] = 0
+    a = Int8(arrays.numpy_ops()).compress(x)
+    b = [torch_ops.to_numpy(p) for p in Int8(torch_ops).compress(torch_ops.from_numpy(x))]
+    assert all(np.array_equal(p, r) for p, r in zip(a, b))
+    da = Int8(arrays.numpy_ops()).decompress(a, len(x))
+    db = torch_ops.to_numpy(Int8(torch_ops).decompress(tuple(torch_ops.from_numpy(p) for p in b), len(x)))
+    assert np.allclose(da, db, rtol=1e-6, atol=1e-6) and np.all(da[256:512] == 0)
+
+
 def test_int8_error_is_at_most_half_a_step_per_block(ops):
     x = data(ops, 1000)
     q, scales = Int8(ops).compress(x)

@@ -124,6 +124,37 @@ def test_step_time_stragglers_and_methods():
     assert cost.step_s == pytest.approx(0.1 + cluster.allgather(4e6, 8) + 0.002 + 8 * 0.001)
     local = scaling.Method("local", "local_sgd", local_steps=4)
     assert scaling.step_time(work, local, cluster, 8).comm_s == pytest.approx(cluster.allreduce(4 * 8e6, 8) / 4)
+    # bf16/int8: the same recorded payload as a compressed allreduce from 3 workers on: an alltoall of
+    # it and an allgather of 1/N of it; compress 1 + 1/N, decode 2 payloads; 2(N-1)/N of it on the wire
+    reducible = replace(gathered, reducible=True)
+    assert scaling.step_time(work, reducible, cluster, 2).step_s == scaling.step_time(work, gathered, cluster, 2).step_s
+    eight = scaling.step_time(work, reducible, cluster, 8)
+    assert eight.step_s == pytest.approx(0.1 + cluster.alltoall(4e6, 8) + cluster.allgather(4e6 / 8, 8)
+                                         + 0.002 * (1 + 1 / 8) + 2 * 0.001)
+    assert eight.bytes_per_step == 4e6 + 4e6 / 8 and eight.wire_bytes_per_step == pytest.approx(2 * 7 / 8 * 4e6)
+    assert scaling.step_time(work, gathered, cluster, 8).wire_bytes_per_step == 7 * 4e6
+    assert eight.step_s < cost.step_s
+
+
+def test_crossing_is_the_link_where_a_method_stops_paying():
+    """The bandwidth below which int8's compressed allreduce beats none: equal steps there, int8
+    faster below and slower above; a method that is always faster has no crossing below `high`."""
+    work = scaling.Workload(0.1, (1_000_000,) * 4)
+    nodes = scaling.Cluster(1, scaling.Link(5e-6, 25e9 / 8, overhead=1e-3), scaling.Link(1e-6, 300e9))
+    none = scaling.Method("none", "horovod")
+    int8 = scaling.Method("int8", "exchange", collectives=(("allgather", 4.1e6),), compress_s=0.01,
+                          decode_s=0.005, reducible=True)
+    cross = scaling.crossing(work, int8, none, nodes, 8)
+    assert cross is not None and 1.25e5 < cross < 1e13
+
+    def steps(bandwidth):
+        c = scaling.with_bandwidth(nodes, 8, bandwidth)
+        return scaling.step_time(work, int8, c, 8).step_s, scaling.step_time(work, none, c, 8).step_s
+    assert steps(cross * 0.9)[0] < steps(cross * 0.9)[1] and steps(cross * 1.1)[0] > steps(cross * 1.1)[1]
+    assert steps(cross)[0] == pytest.approx(steps(cross)[1], rel=1e-6)
+    free = scaling.Method("free", "horovod", value_bytes=2)        # fp16: never slower than none
+    assert scaling.crossing(work, free, none, nodes, 8) == 1e13
+    assert scaling.crossing(work, none, free, nodes, 8) is None
 
 
 # -- PyTorch DDP (methods ddp, ddp_fp16): fixed buckets instead of Horovod's cycles ---------------------

@@ -44,6 +44,11 @@ class Compressor:
     def add_into(self, total, payload, n: int) -> None:
         total += payload[0]
 
+    def set_into(self, total, payload, n: int) -> None:
+        """total = the payload decompressed (the first rank's: no zeroing pass before it)."""
+        total[:] = 0
+        self.add_into(total, payload, n)
+
     def decompress(self, payload, n: int):
         out = self.ops.zeros(n)
         self.add_into(out, payload, n)
@@ -61,14 +66,14 @@ class BF16(Compressor):
         n = len(flat)
         return (self.ops.bf16_bits(flat, out=self.buffer("bits", n, "uint16"), scratch=self.buffer("scratch", n, "uint32")),)
 
-    def _values(self, bits):
-        return self.ops.from_bf16_bits(bits, out=self.buffer("values", len(bits)))
-
     def add_into(self, total, payload, n: int) -> None:
-        total += self._values(payload[0])
+        self.ops.bf16_add(total, payload[0], 1, work=self.buffer("values", n))
+
+    def set_into(self, total, payload, n: int) -> None:
+        self.ops.from_bf16_bits(payload[0], out=total)
 
     def subtract_sent(self, flat, payload) -> None:
-        flat -= self._values(payload[0])
+        self.ops.bf16_add(flat, payload[0], -1, work=self.buffer("values", len(flat)))
 
 
 class Int8(Compressor):
@@ -76,37 +81,22 @@ class Int8(Compressor):
     name = "int8"
 
     def compress(self, flat):
-        ops, n = self.ops, len(flat)
+        n = len(flat)
         blocks = math.ceil(n / INT8_BLOCK)
-        padded = self.buffer("padded", blocks * INT8_BLOCK)
-        padded[:n] = flat
-        padded[n:] = 0
-        rows = padded.reshape(blocks, INT8_BLOCK)
-        scales = ops.row_max(ops.abs(rows, out=self.buffer("mags", blocks * INT8_BLOCK).reshape(blocks, INT8_BLOCK))) / 127.0
-        rows /= ops.where(scales > 0, scales, 1.0).reshape(blocks, 1)   # (x * (1 / tiny scale): 0 * inf)
-        ops.clip(ops.rint(padded, out=padded), -127, 127, out=padded)
-        q = self.buffer("q", n, "int8")
-        q[:] = padded[:n]
-        rows *= scales.reshape(blocks, 1)           # the dequantised values, kept for subtract_sent
+        q, scales = self.buffer("q", n, "int8"), self.buffer("scales", blocks)
+        self.ops.int8_quantize(flat, INT8_BLOCK, q, scales, work=self.buffer("work", blocks * INT8_BLOCK))
         return q, scales
 
     def lengths(self, n: int) -> list[int]:
         return [n, math.ceil(n / INT8_BLOCK)]
 
-    def _values(self, payload, n: int):
-        q, scales = payload
-        blocks = len(scales)
-        values = self.buffer("values", blocks * INT8_BLOCK)
-        values[:n] = q
-        values[n:] = 0
-        values.reshape(blocks, INT8_BLOCK)[:] *= scales.reshape(blocks, 1)
-        return values[:n]
-
     def add_into(self, total, payload, n: int) -> None:
-        total += self._values(payload, n)
+        q, scales = payload
+        self.ops.int8_add(total, q, scales, INT8_BLOCK, 1, work=self.buffer("values", n))
 
     def subtract_sent(self, flat, payload) -> None:
-        flat -= self.buffers["padded"][:len(flat)]       # what compress sent, dequantised
+        q, scales = payload
+        self.ops.int8_add(flat, q, scales, INT8_BLOCK, -1, work=self.buffer("values", len(flat)))
 
 
 class TopK(Compressor):

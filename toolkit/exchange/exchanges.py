@@ -75,9 +75,9 @@ class GradientExchange:
         return b if b is not None and len(b) == n else self.ops.empty(n)
 
     def _total(self, n: int):
+        """The sum's buffer, reused every step; not zeroed: the first payload is set into it, not added."""
         if self.total is None or len(self.total) != n:
             self.total = self.ops.empty(n)
-        self.total[:] = 0
         return self.total
 
     def exchange(self, grads, comm, world_size: int) -> list:
@@ -175,7 +175,7 @@ class GradientExchange:
         cc = self.chunk_compressor
         x = self._total(n)[:mine]
         for r in range(world_size):
-            cc.add_into(x, self._unpack(received, dtypes, cc.lengths(mine), r * step), mine)
+            (cc.add_into if r else cc.set_into)(x, self._unpack(received, dtypes, cc.lengths(mine), r * step), mine)
         if self.average:
             x /= world_size
         if self.error_feedback:
@@ -196,7 +196,7 @@ class GradientExchange:
         out, offset = self._total(n), 0
         for a, e in chunks:
             if e > a:
-                cc.add_into(out[a:e], self._unpack(gathered, dtypes, cc.lengths(e - a), offset), e - a)
+                cc.set_into(out[a:e], self._unpack(gathered, dtypes, cc.lengths(e - a), offset), e - a)
             offset += self._part_bytes(e - a)
         self.timer.stop()
         return out
@@ -225,7 +225,7 @@ class GradientExchange:
             self.calls = []
             self.timer.start()
             total = self._total(n)
-            self.compressor.add_into(total, payload, n)
+            self.compressor.set_into(total, payload, n)
             self.timer.stop()
             return total
         dtypes = [part.dtype for part in payload]
@@ -246,7 +246,7 @@ class GradientExchange:
                 count = int(lengths[r, j])
                 parts.append(ops.from_bytes(blobs, dtype, count, offset))
                 offset += count * ops.itemsize(dtype) + (-count * ops.itemsize(dtype)) % ALIGN
-            self.compressor.add_into(total, tuple(parts), n)
+            (self.compressor.add_into if r else self.compressor.set_into)(total, tuple(parts), n)
         self.timer.stop()
         return total
 

@@ -200,6 +200,22 @@ def table(plan: scaling.Plan, samples_per_step: int) -> str:
     return "\n".join(lines)
 
 
+def crossing_table(plan: scaling.Plan, crossings: dict) -> str:
+    """Per method and N: the link speed below which it beats the first method (none), the link the ring
+    crosses varied alone."""
+    first = plan.methods[0].name
+    lines = [f"| beats {first} when the link is below | " + " | ".join(f"{n} GPUs" for n in plan.gpus) + " |",
+             "|" + "---|" * (1 + len(plan.gpus))]
+
+    def words(bw):
+        if bw is None:
+            return "never (not at 1 Mbit/s)"
+        return "any link" if bw >= 1e13 else scaling.format_bandwidth(bw)
+    for name, row in crossings.items():
+        lines.append(f"| {name} | " + " | ".join(words(bw) for bw in row) + " |")
+    return "\n".join(lines)
+
+
 def plot(plan: scaling.Plan, samples_per_step: int, title: str, path: Path) -> None:
     import matplotlib
 
@@ -244,11 +260,14 @@ def run(config: Config, worker: OneWorker, cluster: scaling.Cluster, gpus: list[
     if compression_s is None and any(m.kind == "exchange" for m in plan.methods):
         print(f"(the toolkit's compression work timed here on this CPU with numpy, {measured:.0f} s; "
               f"--compression-ms gives it for your device)")
+    crossings = plan.crossings()
+    print(crossing_table(plan, crossings))
     print(f"recommended: {pick.name}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps({
         "title": title, "recommended": pick.name, "engine": pick.engine, "reason": why, "gpus": gpus,
         "engines": {m.name: m.engine for m in plan.methods},
+        "beats_first_below_bytes_per_s": crossings,
         "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency,
                                samples_per_s=c.n * worker.samples_per_step / c.step_s) for c in plan.rows[m.name]]
                  for m in plan.methods}}, indent=1) + "\n")

@@ -33,9 +33,11 @@ plus the part of the communication that does not hide behind the backward pass:
   overhead, fitted on Horovod's collectives, is left out), no copy into a fusion buffer (nor
   Horovod's copy, which the model leaves out too). The fp16/bf16 communication hooks send each
   bucket in 2 bytes a value.
-- The toolkit's exchange (bf16, int8, topk: allgathers; powersgd: two allreduces) runs after the
-  backward pass on all gradients at once, plus its compression work (compress once, decompress
-  and add every rank's payload: N times for the allgathered methods).
+- The toolkit's exchange (topk: allgathers; bf16, int8: the compressed allreduce from 3 workers on,
+  an alltoall of the payload and an allgather of 1/N of it, else an allgather: `exchange_form`;
+  powersgd: two allreduces) runs after the backward pass on all gradients at once, plus its
+  compression work (`exchange_work`: compress once, decompress and add every rank's payload: N times
+  for the allgathered methods; twice a payload's worth for the compressed allreduce).
 - Local SGD averages the model (parameters and optimizer slots) with one allreduce every k steps.
 Stragglers: each worker's compute varies (coefficient of variation `straggle`); a synchronous step
 waits for the slowest of N, whose expected excess over the mean is about `straggle` times the
@@ -293,7 +295,7 @@ class Method:
     bucket_limits: tuple = DDP_BUCKET_LIMITS      # kind 'ddp': the first bucket's limit, then every other's (bytes)
     collectives: tuple = ()           # ('allgather' | 'allreduce', bytes) for kind 'exchange'
     compress_s: float = 0.0           # compress once per step (exchange)
-    decode_s: float = 0.0             # decompress and add one rank's payload (allgathered methods)
+    decode_s: float = 0.0             # decompress and add one rank's whole payload
     reducible: bool = False           # bf16, int8: the allgather above or the compressed allreduce, the cheaper at N
     local_steps: int = 1
     lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
@@ -483,6 +485,36 @@ def fit_error(link: Link, samples: list[Sample]) -> float:
     return statistics.median(errors) if errors else 0.0
 
 
+# -- where a method pays ---------------------------------------------------------------------------
+
+def with_bandwidth(cluster: Cluster, n: int, bandwidth: float) -> Cluster:
+    """The cluster with the link N workers' ring crosses set to `bandwidth` (bytes/s)."""
+    if cluster.nodes(n) > 1:
+        return replace(cluster, inter=replace(cluster.inter, bandwidth=bandwidth))
+    return replace(cluster, intra=replace(cluster.intra, bandwidth=bandwidth))
+
+
+def crossing(workload: Workload, method: Method, base: Method, cluster: Cluster, n: int,
+             low: float = 1.25e5, high: float = 1e13) -> float | None:
+    """The link bandwidth (bytes/s) below which `method`'s step is shorter than `base`'s at N workers,
+    the link N workers' ring crosses varied alone (latency and overheads kept): `high` when it is faster
+    on any link up to `high`, None when it is not faster even at `low` (1 Mbit/s-ish). Bisection on a log
+    scale; the model's steps are monotone in the bandwidth."""
+    def faster(bandwidth: float) -> bool:
+        c = with_bandwidth(cluster, n, bandwidth)
+        return step_time(workload, method, c, n).step_s < step_time(workload, base, c, n).step_s
+
+    if not faster(low):
+        return None
+    if faster(high):
+        return high
+    lo, hi = math.log(low), math.log(high)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if faster(math.exp(mid)) else (lo, mid)
+    return math.exp(lo)
+
+
 # -- a plan ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -496,6 +528,13 @@ class Plan:
     def run(self) -> "Plan":
         self.rows = {m.name: [step_time(self.workload, m, self.cluster, n) for n in self.gpus] for m in self.methods}
         return self
+
+    def crossings(self) -> dict:
+        """{method name: [link bandwidth below which it beats the first method (none), per N]} (bytes/s;
+        None: not even at 1 Mbit/s)."""
+        base = self.methods[0]
+        return {m.name: [crossing(self.workload, m, base, self.cluster, n) for n in self.gpus]
+                for m in self.methods[1:]}
 
     def recommend(self, tolerance: float = 0.05) -> tuple[Method, str]:
         """The fastest method at the largest N, unless a lossless one is within `tolerance` of it (the
