@@ -37,7 +37,29 @@ TU = "tests/test_tf_usercode.py"
 MU = "tests/test_mxnet_usercode.py"
 I = "tests/test_install.py"
 NT = "tests/test_native_torch.py"
+TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
 MUTANTS = [
+    Mutant("reduced-owner-keeps-float", "the compressed allreduce gives every rank the same result (the owner decodes its own chunk too)",
+           (("toolkit/exchange/exchanges.py", "            if e > a:\n                cc.set_into(out[a:e]",
+             "            if e > a and a != start:\n                cc.set_into(out[a:e]"),),
+           (f"{TC}::test_compressed_allreduce_gives_every_rank_the_same_mean",)),
+    Mutant("reduced-second-error-dropped", "error feedback covers the compressed allreduce's second quantisation",
+           (("toolkit/exchange/exchanges.py", "            x += self.owner_residual[start:end]", "            pass"),),
+           (f"{TC}::test_compressed_allreduce_error_feedback_covers_both_quantisations",)),
+    Mutant("reduced-not-saved", "a resume restores the compressed allreduce's second residuals",
+           (("toolkit/exchange/exchanges.py", '            out["owner_residuals"] = self.owner_residual', "            pass"),),
+           (f"{C}::test_compressed_allreduce_on_three_ranks[torch]",)),
+    Mutant("reduced-never", "bf16 and int8 run the compressed allreduce from 3 ranks on",
+           (("toolkit/planner/scaling.py", "    if n >= 3:\n        return \"reduce\"", "    if n >= 30:\n        return \"reduce\""),),
+           (f"{TC}::test_the_allgather_stays_at_two_ranks_and_the_compressed_allreduce_runs_above",
+            f"{C}::test_compressed_allreduce_on_three_ranks[mxnet]")),
+    Mutant("wire-allgather-once", "wire_bytes_per_step counts an allgather's N-1 payloads",
+           (("toolkit/exchange/wire.py", '"allgather": (n - 1) * nbytes', '"allgather": nbytes'),),
+           (f"{TS}::test_step_time_stragglers_and_methods", f"{C}::test_compressed_allreduce_on_three_ranks[mxnet]")),
+    Mutant("crossing-inverted", "toolkit plan's crossing is the link below which a method beats none",
+           (("toolkit/planner/scaling.py", "        lo, hi = (mid, hi) if faster(math.exp(mid)) else (lo, mid)",
+             "        lo, hi = (lo, mid) if faster(math.exp(mid)) else (mid, hi)"),),
+           (f"{TS}::test_crossing_is_the_link_where_a_method_stops_paying",)),
     Mutant("resume-from-zero", "--resume continues from the newest checkpoint (it does not retrain from step 0)",
            (("toolkit/run/pipeline.py", "        return session.load(collective=not config.elastic)", "        return {}"),),
            (f"{D}::test_resume_reaches_the_uninterrupted_parameters[torch]",)),
