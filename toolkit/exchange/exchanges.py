@@ -53,7 +53,8 @@ class GradientExchange:
     ops: object = None
     residual: object = None                    # flat float32, this rank's, when error_feedback
     calls: list = field(default_factory=list)  # the last step's collectives: (kind, bytes this rank handed over)
-    form: str | None = None                    # bf16/int8: "allgather" or "reduce"; None: the model's choice
+    form: str | None = None                    # bf16/int8: "allgather" or "reduce" (the model's choice at N)
+    chosen_for: int | None = None              # the N `form` was chosen for; 0: set by hand (tests, the planner)
     owner_residual: object = None              # the compressed allreduce: what the second quantisation
     timer: Timer = field(init=False)           # dropped from this rank's own chunk (flat, zero elsewhere)
 
@@ -127,10 +128,10 @@ class GradientExchange:
         only, as the planner's model prices the two for this payload (toolkit/planner/scaling.py)."""
         if self.compressor.name not in ("bf16", "int8"):
             return False
-        if self.form is None:
+        if self.chosen_for not in (0, world_size):      # chosen again when an elastic job resizes
             from toolkit.planner import scaling
             payload = n * (1 if self.compressor.name == "int8" else 2)
-            self.form = scaling.exchange_form(world_size, payload)
+            self.form, self.chosen_for = scaling.exchange_form(world_size, payload), world_size
         return self.form == "reduce"
 
     def chunks(self, n: int, world_size: int) -> list[tuple[int, int]]:

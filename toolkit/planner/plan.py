@@ -128,7 +128,7 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     exchange, compress_times, decode_times = make_exchange(cfg, ops), [], []
-    exchange.form = "allgather"     # bf16, int8: recorded gathered; `collectives_at` prices the other form at N
+    exchange.form, exchange.chosen_for = "allgather", 0     # bf16, int8: recorded gathered; `collectives_at` prices the other form at N
     for i in range(1 + (rounds if compression_s is None else 0)):
         recorder = Recorder(ops, 2, exchange.timer)
         before = exchange.timer.seconds
