@@ -27,6 +27,7 @@ The shaping is a token bucket (`tc ... tbf`): this kernel has no `netem`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -108,30 +109,37 @@ def ddp_row(hook: str | None, a):
     return run
 
 
+@contextlib.contextmanager
+def namespace_hosts(flag: str):
+    """The two namespace hosts (tests/netns_hosts.sh) for the block, removed after it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = Path(tmp) / "hosts"
+        up = subprocess.run(["bash", str(SCRIPT), "up", str(hosts)], capture_output=True, text=True, timeout=300)
+        if up.returncode != 0:
+            raise SystemExit(f"{flag}: cannot make the namespace hosts: {(up.stderr or up.stdout).strip()[-300:]}")
+        try:
+            yield hosts
+        finally:
+            subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
+
+
 def link_tables(a) -> int:
     """One table per link rate: the toolkit's methods on two namespace hosts."""
     if a.warmup == 12 and a.iters == 5 and a.steps == 5:     # the defaults: fewer steps on a slow link
         a.warmup, a.iters, a.steps = 3, 3, 2
     texts = []
-    with tempfile.TemporaryDirectory() as tmp:
-        hosts = Path(tmp) / "hosts"
-        up = subprocess.run(["bash", str(SCRIPT), "up", str(hosts)], capture_output=True, text=True, timeout=300)
-        if up.returncode != 0:
-            raise SystemExit(f"--netns: cannot make the namespace hosts: {(up.stderr or up.stdout).strip()[-300:]}")
-        try:
-            np_ = 2 * a.ranks_per_host
-            methods = [(label, flags) for label, flags in METHODS if not a.methods or label in a.methods.split(",")]
-            for rate in a.rates.split(","):
-                subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
-                rows = [(label, toolkit_row(ROOT, np_, flags, a, netns=hosts)) for label, flags in methods]
-                if a.before:
-                    rows += [(f"{label}, before", toolkit_row(a.before.resolve(), np_, flags, a, netns=hosts))
-                             for label, flags in methods if label in BEFORE]
-                results = measure(rows, a, prefix=f"{rate:8s}")
-                texts.append(f"**Link: {'the veth pair, unshaped' if rate == 'none' else rate}, {a.ranks_per_host} "
-                             f"x 2 ranks**\n\n" + table(rows, results, None, np_))
-        finally:
-            subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
+    with namespace_hosts("--netns") as hosts:
+        np_ = 2 * a.ranks_per_host
+        methods = [(label, flags) for label, flags in METHODS if not a.methods or label in a.methods.split(",")]
+        for rate in a.rates.split(","):
+            subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
+            rows = [(label, toolkit_row(ROOT, np_, flags, a, netns=hosts)) for label, flags in methods]
+            if a.before:
+                rows += [(f"{label}, before", toolkit_row(a.before.resolve(), np_, flags, a, netns=hosts))
+                         for label, flags in methods if label in BEFORE]
+            results = measure(rows, a, prefix=f"{rate:8s}")
+            texts.append(f"**Link: {'the veth pair, unshaped' if rate == 'none' else rate}, {a.ranks_per_host} "
+                         f"x 2 ranks**\n\n" + table(rows, results, None, np_))
     command = (f"`.venv/bin/python -m benchmarks.compression_bench --netns --rates {a.rates} --ranks-per-host "
                f"{a.ranks_per_host}" + (f" --methods '{a.methods}'" if a.methods else "")
                + (" --before DIR" if a.before else "") + f" --rounds {a.rounds} --write-docs`")
@@ -158,29 +166,22 @@ def wire_check(a) -> int:
     short, long = (1, 1, 2), (1, 1, 10)
     k = a.ranks_per_host
     lines = []
-    with tempfile.TemporaryDirectory() as tmp:
-        hosts = Path(tmp) / "hosts"
-        up = subprocess.run(["bash", str(SCRIPT), "up", str(hosts)], capture_output=True, text=True, timeout=300)
-        if up.returncode != 0:
-            raise SystemExit(f"--wire-check: cannot make the namespace hosts: {(up.stderr or up.stdout).strip()[-300:]}")
-        try:
-            for label, flags in [(lb, f) for lb, f in METHODS if lb in ("none", "int8", "top-k 1%", "bf16")]:
-                runs = {}
-                for steps in (short, long):
-                    with tempfile.TemporaryDirectory() as out:
-                        runs[steps] = toolkit_row(ROOT, 2 * k, flags, a, netns=hosts, steps=steps)(Path(out))
-                if any("failed" in r for r in runs.values()):
-                    lines.append(f"| {label} | failed | | | | |")
-                    continue
-                measured = (runs[long]["tk0"] - runs[short]["tk0"]) / (long[2] - short[2])
-                kind = {"none": ["allreduce"], "top-k 1%": ["allgather", "allgather"]}.get(
-                    label, ["alltoall", "allgather"] if k > 1 else ["allgather"])
-                expected = expected_tk0(label, runs[long], kind, k)
-                lines.append([label, f"{runs[long]['bytes']:,.0f}", f"{runs[long]['wire']:,.0f}", f"{expected:,.0f}",
-                              f"{measured:,.0f}", f"{measured / expected:.3f}"])
-                print(lines[-1], file=sys.stderr, flush=True)
-        finally:
-            subprocess.run(["bash", str(SCRIPT), "down", str(hosts)], capture_output=True, timeout=120)
+    with namespace_hosts("--wire-check") as hosts:
+        for label, flags in [(lb, f) for lb, f in METHODS if lb in ("none", "int8", "top-k 1%", "bf16")]:
+            runs = {}
+            for steps in (short, long):
+                with tempfile.TemporaryDirectory() as out:
+                    runs[steps] = toolkit_row(ROOT, 2 * k, flags, a, netns=hosts, steps=steps)(Path(out))
+            if any("failed" in r for r in runs.values()):
+                lines.append(f"| {label} | failed | | | | |")
+                continue
+            measured = (runs[long]["tk0"] - runs[short]["tk0"]) / (long[2] - short[2])
+            kind = {"none": ["allreduce"], "top-k 1%": ["allgather", "allgather"]}.get(
+                label, ["alltoall", "allgather"] if k > 1 else ["allgather"])
+            expected = expected_tk0(label, runs[long], kind, k)
+            lines.append([label, f"{runs[long]['bytes']:,.0f}", f"{runs[long]['wire']:,.0f}", f"{expected:,.0f}",
+                          f"{measured:,.0f}", f"{measured / expected:.3f}"])
+            print(lines[-1], file=sys.stderr, flush=True)
     text = (f"Made by `.venv/bin/python -m benchmarks.compression_bench --wire-check --ranks-per-host {k}` on "
             f"{common.machine()}; per step = (hostA's tk0 TX bytes in a 10-step job - in a 2-step job) / 8.\n\n"
             + common.table(["method", "bytes/step/rank (rank 0)", "wire bytes/step/rank (rank 0)",
