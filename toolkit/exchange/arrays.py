@@ -88,12 +88,6 @@ class Numpy:
     def abs(self, x, out=None):
         return self.np.abs(x, out=out)
 
-    def rint(self, x, out=None):
-        return self.np.rint(x, out=out)
-
-    def clip(self, x, low, high, out=None):
-        return self.np.clip(x, low, high, out=out)
-
     def greater_equal(self, x, value, out=None):
         return self.np.greater_equal(x, value, out=out)
 
@@ -103,12 +97,6 @@ class Numpy:
 
     def kth_largest(self, x, k: int) -> float:
         return float(self.np.partition(x, len(x) - k)[len(x) - k])
-
-    def row_max(self, x):
-        return x.max(axis=1)
-
-    def where(self, condition, a, b):
-        return self.np.where(condition, a, b)
 
     def cumsum(self, x):
         return self.np.cumsum(x)
@@ -273,12 +261,6 @@ class Torch(Numpy):
     def abs(self, x, out=None):
         return self.torch.abs(x, out=out) if out is not None else x.abs()
 
-    def rint(self, x, out=None):         # half to even, as numpy's rint
-        return self.torch.round(x, out=out) if out is not None else x.round()
-
-    def clip(self, x, low, high, out=None):
-        return self.torch.clamp(x, low, high, out=out) if out is not None else x.clamp(low, high)
-
     def greater_equal(self, x, value, out=None):
         return self.torch.ge(x, value, out=out) if out is not None else x >= value
 
@@ -287,12 +269,6 @@ class Torch(Numpy):
 
     def kth_largest(self, x, k: int) -> float:
         return float(self.torch.topk(x, k, sorted=False).values.min())
-
-    def row_max(self, x):
-        return x.amax(dim=1)
-
-    def where(self, condition, a, b):
-        return self.torch.where(condition, a, b)
 
     def cumsum(self, x):
         return x.cumsum(0)

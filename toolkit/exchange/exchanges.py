@@ -176,7 +176,7 @@ class GradientExchange:
         cc = self.chunk_compressor
         x = self._total(n)[:mine]
         for r in range(world_size):
-            (cc.add_into if r else cc.set_into)(x, self._unpack(received, dtypes, cc.lengths(mine), r * step), mine)
+            (cc.add_into if r else cc.set_into)(x, self._unpack(received, dtypes, cc.lengths(mine), r * step)[0], mine)
         if self.average:
             x /= world_size
         if self.error_feedback:
@@ -196,19 +196,19 @@ class GradientExchange:
         self.timer.start()
         out, offset = self._total(n), 0
         for a, e in chunks:
+            parts, offset = self._unpack(gathered, dtypes, cc.lengths(e - a), offset)
             if e > a:
-                cc.set_into(out[a:e], self._unpack(gathered, dtypes, cc.lengths(e - a), offset), e - a)
-            offset += self._part_bytes(e - a)
+                cc.set_into(out[a:e], parts, e - a)
         self.timer.stop()
         return out
 
     def _unpack(self, blob, dtypes, lengths, offset: int) -> tuple:
-        """The parts (of `dtypes`, `lengths` values) packed at byte `offset` of blob."""
+        """(the parts (of `dtypes`, `lengths` values) packed at byte `offset` of blob, the offset after them)."""
         parts = []
         for dtype, count in zip(dtypes, lengths):
             parts.append(self.ops.from_bytes(blob, dtype, count, offset))
             offset += count * self.ops.itemsize(dtype) + (-count * self.ops.itemsize(dtype)) % ALIGN
-        return tuple(parts)
+        return tuple(parts), offset
 
     def _pack(self, payload):
         """(header int32 lengths, one uint8 blob of the parts, each padded to ALIGN bytes)."""
@@ -242,12 +242,8 @@ class GradientExchange:
         self.timer.start()
         total, offset = self._total(n), 0
         for r in range(world_size):
-            parts = []
-            for j, dtype in enumerate(dtypes):
-                count = int(lengths[r, j])
-                parts.append(ops.from_bytes(blobs, dtype, count, offset))
-                offset += count * ops.itemsize(dtype) + (-count * ops.itemsize(dtype)) % ALIGN
-            (self.compressor.add_into if r else self.compressor.set_into)(total, tuple(parts), n)
+            parts, offset = self._unpack(blobs, dtypes, [int(c) for c in lengths[r]], offset)
+            (self.compressor.add_into if r else self.compressor.set_into)(total, parts, n)
         self.timer.stop()
         return total
 
