@@ -35,9 +35,10 @@ from toolkit import messages
 from toolkit.exchange import numerics
 from toolkit.run import checkpoint, preemption, schedule
 from toolkit.adapters.framework import TensorWork
-from toolkit.adapters.loader import Loader
+from toolkit.adapters.loader import Loader, StreamLoader
 from toolkit.adapters.topology import Topology, digest
 from toolkit.run.data import Sampler, leading_size
+from toolkit.run.streams import ShardSource
 from toolkit.errors import ToolkitError
 
 __all__ = ["Loader", "Part", "Session", "Topology", "digest"]
@@ -225,11 +226,33 @@ class Session(TensorWork):
         every sample once across the ranks, nothing dropped (evaluation). `shard=False`: every
         sample on this rank (one rank's own evaluation, with `evaluate(collective=False)`)."""
         world, mine = (self.world_size, self._my_replicas()) if shard else (1, range(1))
+        if isinstance(data, ShardSource):
+            return self._stream_loader(data, batch_size, shuffle, train, world, mine, reader)
         sampler = Sampler(self._length(data), batch_size or self.config.batch_size,
                           self.config.accumulation_steps if train else 1, world, mine,
                           self.config.seed, train=train, shuffle=shuffle)
         batches = (lambda d, plan, s: self._batches(d, plan, s, **reader)) if reader else self._batches
         loader = Loader(self, data, sampler, batches)
+        if train:
+            self.loaders.append(loader)
+        return loader
+
+    def _stream_loader(self, source, batch_size, shuffle, train, world, mine, reader) -> StreamLoader:
+        """A loader of shards (toolkit/run/streams.py), read by adapters/<framework>/shards.py."""
+        if reader:
+            raise ToolkitError(f"session.loader(shards, {', '.join(reader)}=...): shards are read by the toolkit's "
+                               "reader; set loader_workers in the config for more decoding processes")
+        import importlib
+        from toolkit.config import unset_default
+        from toolkit.run.streams import StreamSampler
+        reader_module = importlib.import_module(f"toolkit.adapters.{self.config.framework}.shards")
+        sampler = StreamSampler([s.samples for s in source.shards], batch_size or self.config.batch_size,
+                                self.config.accumulation_steps if train else 1, world, mine, self.config.seed,
+                                train=train, shuffle=shuffle)
+        size = source.index.image_size or self.config.image_size or unset_default("image_size")
+        loader = StreamLoader(self, source, sampler,
+                              lambda d, reads, sizes, training: reader_module.batches(self, d, reads, sizes, size,
+                                                                                      training))
         if train:
             self.loaders.append(loader)
         return loader

@@ -48,3 +48,26 @@ class Loader:
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
+
+
+class StreamLoader(Loader):
+    """A session's loader of sharded streams (`shards:PATH`, `toolkit.shards(PATH)`): the same verbs;
+    which samples: `toolkit.run.streams.StreamSampler` (its position, segments per world, is saved
+    with the session's checkpoints). `batches(source, reads, sizes, train)`: the framework's reader."""
+
+    def steps(self):
+        s = self.sampler
+        if not s.train:      # evaluation reads the whole split each time; its position does not move
+            s.segments = []
+        sizes = s.batch_sizes()
+        if not sizes:
+            return
+        batches = self._batches(self.data, s.reads(), sizes, s.train)
+        if not s.train:
+            for _ in sizes:
+                yield [next(batches)]
+            return
+        for _ in range(len(sizes) // s.k):
+            step = [next(batches) for _ in range(s.k)]
+            s.advance()
+            yield step

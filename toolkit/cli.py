@@ -7,11 +7,11 @@ import os
 import sys
 import threading
 
-from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, plan, setup, train
+from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, plan, setup, shards, train
 from toolkit.errors import ToolkitError
 from toolkit.messages import print_error
 
-COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan)
+COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan, shards)
 
 
 EXAMPLES = """\
@@ -24,6 +24,7 @@ examples:
   toolkit config show --config examples/cfg.yaml       # every key, resolved
   toolkit bench --np 1,2 --framework torch             # samples/s per worker and scaling efficiency
   toolkit plan --bench runs/bench --gpus 8,64,512 --inter-node 25gbit   # predicted scaling per method
+  toolkit shards imagefolder:data/images data/shards --framework torch   # then --dataset shards:data/shards
 
 `toolkit COMMAND --help` lists each command's flags; every config key is also a flag of train,
 bench and config show (accumulation_steps -> --accumulation-steps) and a TOOLKIT_<KEY> variable."""

@@ -33,7 +33,7 @@ class Model(str, enum.Enum):
 
 IMAGE_MODELS = (Model.RESNET18.value, Model.RESNET50.value)
 # Datasets read from disk by each framework's own readers (toolkit/run/ondisk.py): `KIND:PATH`.
-ON_DISK = ("imagefolder", "cifar10", "text")
+ON_DISK = ("imagefolder", "cifar10", "text", "shards")
 
 
 class Optimizer(str, enum.Enum):

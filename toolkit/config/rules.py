@@ -334,7 +334,7 @@ def _check_workload(c) -> None:
     disk = on_disk(c.dataset)
     if disk and not disk[1]:
         raise ConfigError(f"dataset={c.dataset!r}: no path after the colon; e.g. --dataset {disk[0]}:data/"
-                          f"{'corpus.txt' if disk[0] == 'text' else 'images'}", "dataset")
+                          f"{dict(text='corpus.txt', shards='shards').get(disk[0], 'images')}", "dataset")
     if c.context < 2:
         _bad("context", c.context, "must be at least 2 (tokens per sample)", example="64")
     if c.image_size is not None and c.image_size < 32:
@@ -346,16 +346,17 @@ def _check_workload(c) -> None:
         raise ConfigError(f"hidden_size={c.hidden_size} is not a multiple of heads={c.heads} "
                           "(transformer_lm splits the width across the heads); e.g. --hidden-size 64 --heads 4",
                           "hidden_size", "heads")
+    shards = bool(disk and disk[0] == "shards")   # images or tokens: the shards' index says (checked at load)
     text = bool(disk and disk[0] == "text")
-    if c.model == Model.TRANSFORMER_LM.value and not (text or c.dataset == Dataset.SYNTHETIC.value
+    if c.model == Model.TRANSFORMER_LM.value and not (text or shards or c.dataset == Dataset.SYNTHETIC.value
                                                          or is_reference(c.dataset)):
         raise ConfigError(f"model=transformer_lm reads tokens: use dataset text:PATH (a plain text file) or "
                           f"synthetic, not {c.dataset!r}", "model", "dataset")
     if text and c.model != Model.TRANSFORMER_LM.value and not is_reference(c.model):
         raise ConfigError(f"dataset={c.dataset!r} gives token sequences: use model transformer_lm (or your "
                           f"own), not {c.model!r}", "dataset", "model")
-    images = bool(disk and disk[0] != "text")
-    if c.model in IMAGE_MODELS and not (images or c.dataset == Dataset.SYNTHETIC.value
+    images = bool(disk and disk[0] not in ("text", "shards"))
+    if c.model in IMAGE_MODELS and not (images or shards or c.dataset == Dataset.SYNTHETIC.value
                                            or is_reference(c.dataset)):
         raise ConfigError(f"model={c.model} reads images: use dataset imagefolder:PATH, cifar10:PATH or "
                           f"synthetic, not {c.dataset!r}", "model", "dataset")

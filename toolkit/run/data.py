@@ -48,11 +48,12 @@ def image_shape(config: Config, size: int) -> tuple:
     return (size, size, 3) if channels_last(config) else (3, size, size)
 
 
-def datasets(config: Config) -> Datasets:
-    """The built-in dataset, or the user's `load(config)` (config `dataset: pkg.module:load`)."""
+def datasets(config: Config, session=None) -> Datasets:
+    """The built-in dataset, or the user's `load(config)` (config `dataset: pkg.module:load`).
+    `session` (the started one, when there is one): what one rank reads for all is shared through it."""
     disk = on_disk(config.dataset)
     if disk:
-        return _on_disk(config, *disk)
+        return _on_disk(config, *disk, session=session)
     if config.dataset == Dataset.SYNTHETIC.value and config.model in IMAGE_MODELS:
         return synthetic_images(config)
     if config.dataset == Dataset.SYNTHETIC.value and config.model == Model.TRANSFORMER_LM.value:
@@ -68,15 +69,18 @@ def datasets(config: Config) -> Datasets:
     return Datasets(train, evaluation, features, classes, shape)
 
 
-def _on_disk(config: Config, kind: str, path: str) -> Datasets:
+def _on_disk(config: Config, kind: str, path: str, session=None) -> Datasets:
     from toolkit.run import ondisk
+    if kind == "shards":
+        from toolkit.run import streams
+        return streams.datasets(config, path, session)
     if kind == "text":
         train, evaluation = ondisk.text(config.dataset, path, config.context)
         return Datasets(train, evaluation, config.context, ondisk.VOCAB, (config.context,))
     if kind == "cifar10":
         train, evaluation = ondisk.cifar10(config.dataset, path, channels_last(config))
         return Datasets(train, evaluation, 3 * 32 * 32, 10, image_shape(config, 32))
-    folder = ondisk.image_folder(config.dataset, path)
+    folder = ondisk.image_folder(config.dataset, path, session)
     import importlib
     reader = importlib.import_module(f"toolkit.adapters.{config.framework}.images")
     size = config.image_size or unset_default("image_size")

@@ -298,7 +298,7 @@ def run(config: Config) -> dict:
 
     session = pipeline.start(config, comm=group)      # Horovod among the workers only
     w, workers = session.rank, session.size
-    both = datasets.datasets(config)
+    both = datasets.datasets(config, session)
     # the same rule as synchronous training for this worker's share
     initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, both)
     # worker 0's own view each epoch: the whole test set on its copy of the model, no collective

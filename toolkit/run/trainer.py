@@ -44,14 +44,16 @@ def run(config: Config) -> dict:
         from toolkit.run import ps
         return ps.run(config)
     session = pipeline.start(config)
-    data = datasets.datasets(config)
+    data = datasets.datasets(config, session)
     initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, data)
     meta = pipeline.resume(session, config)
     delays, fractions = config.straggler_delays(), config.data_fractions()
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     epoch = int(meta.get("epoch", 0))      # a checkpoint of the loader mid-epoch resumes there (user loops)
     position = train_loader.sampler.position if train_loader.sampler.epoch == epoch else 0
-    progress = dict(epoch=epoch, position=position,
+    # the loader's whole position (a sharded stream's segments too), kept beside the count of samples
+    loader_state = train_loader.state_dict() if train_loader.sampler.epoch == epoch else None
+    progress = dict(epoch=epoch, position=position, loader=loader_state,
                     step=int(meta.get("step", 0)), loss=meta.get("train_loss"), accuracy=None, lr=None, samples=0,
                     seconds=0.0, world_sizes=[], resets=0, trained=0)
 
@@ -77,13 +79,15 @@ def run(config: Config) -> dict:
         my_steps = int(spe * fractions.get(rank, 1.0))      # uneven_data: this rank's batches per epoch
         while state.epoch < config.epochs:
             epoch = state.epoch
-            train_loader.load_state_dict({"epoch": epoch, "position": state.position})
+            train_loader.load_state_dict(state.loader if state.loader and state.loader["epoch"] == epoch
+                                         else {"epoch": epoch, "position": state.position})
             t0, done, epoch_loss, shown = time.perf_counter(), 0, None, None
             done_before = state.position // train_loader.sampler.step_samples
             bar = _progress_bar(config, rank, epoch, spe, done_before)
             for batches in train_loader.steps():
                 if done_before + done >= my_steps:      # out of data: the others go on (it joins)
                     state.step, state.position = state.step + 1, train_loader.sampler.position
+                    state.loader = train_loader.state_dict()
                     continue
                 session.set_lr(lr := session.lr(state.step, spe))
                 if delay:
@@ -92,6 +96,7 @@ def run(config: Config) -> dict:
                 epoch_loss = loss if epoch_loss is None else epoch_loss + loss
                 state.trained += 1      # optimizer steps this rank computed in this process
                 state.step, state.position, state.lr, done = state.step + 1, train_loader.sampler.position, lr, done + 1
+                state.loader = train_loader.state_dict()
                 if bar:     # the loss read back every BAR_LOSS_EVERY steps only (a host sync on a GPU)
                     if done % BAR_LOSS_EVERY == 1 or shown is None:
                         shown = session.to_float(loss)
@@ -125,7 +130,7 @@ def run(config: Config) -> dict:
             session.log(state.step, {"epoch": epoch + 1, "loss": loss, "test_loss": test_loss,
                                      "accuracy": state.accuracy, "lr": lr, "samples_per_sec": speed,
                                      "train_seconds": state.seconds, **session.communication.summary()})
-            state.epoch, state.position = epoch + 1, 0
+            state.epoch, state.position, state.loader = epoch + 1, 0, None
             if config.checkpoint_dir:
                 session.save(epoch=epoch + 1, train_loss=loss)
             if config.elastic:

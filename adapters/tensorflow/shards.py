@@ -1,0 +1,72 @@
+"""Sharded streams for TensorFlow: TFRecord shards of `tf.train.Example`s (id, label, data), written
+with `tf.io.TFRecordWriter` and read with `tf.data.TFRecordDataset` (toolkit/run/streams.py says which
+samples each rank reads); decoded, resized and augmented in tf.data as `imagefolder:` is
+(adapters/tensorflow/images.py), tokens as `text:`."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from toolkit.errors import ToolkitError
+
+
+class Writer:
+    def __init__(self, path):
+        self._out = tf.io.TFRecordWriter(str(path))
+
+    def write(self, sample_id: int, label: int, payload: bytes, ext: str) -> None:
+        feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[sample_id])),
+                   "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                   "data": tf.train.Feature(bytes_list=tf.train.BytesList(value=[payload]))}
+        self._out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def read_shard(shard, ranges):
+    """The serialized records of `ranges` of one TFRecord shard (tf.data skips the records before)."""
+    for start, stop in ranges:
+        for record in tf.data.TFRecordDataset(shard.path).skip(start).take(stop - start):
+            yield record.numpy()
+
+
+_FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64),
+             "data": tf.io.FixedLenFeature([], tf.string)}
+
+
+def dataset(source, config, reads, size: int, train: bool):
+    """This rank's stream as an unbatched tf.data.Dataset of (x, y) or (x, y, id)."""
+    index = source.index
+    records = tf.data.Dataset.from_generator(lambda: reads.records(read_shard, source.shards),
+                                             output_signature=tf.TensorSpec((), tf.string))
+    mean, std = tf.constant(index.mean) * 255.0, tf.constant(index.std) * 255.0
+    pad = size // 8
+
+    def image(data):
+        x = tf.io.decode_image(data, channels=3, expand_animations=False)
+        x = tf.image.resize(x, (size, size))
+        if train and config.augment:
+            x = tf.image.resize_with_crop_or_pad(x, size + 2 * pad, size + 2 * pad)
+            x = tf.image.random_flip_left_right(tf.image.random_crop(x, (size, size, 3)))
+        return (x - mean) / std
+
+    def decode(record):
+        sample = tf.io.parse_single_example(record, _FEATURES)
+        if index.kind == "tokens":
+            tokens = tf.cast(tf.io.decode_raw(sample["data"], tf.uint8), tf.int64)
+            x, y = tokens[:-1], tokens[1:]
+        else:
+            x, y = image(sample["data"]), sample["label"]
+        return (x, y, sample["id"]) if source.ids else (x, y)
+
+    return records.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def batches(session, source, reads, sizes, size: int, train: bool):
+    """The micro-batches of `sizes` samples (every one `sizes[0]` but perhaps the last) of this rank's stream."""
+    ds = dataset(source, session.config, reads, size, train).batch(sizes[0]).prefetch(tf.data.AUTOTUNE)
+    try:
+        yield from ds.take(len(sizes))
+    except tf.errors.InvalidArgumentError as e:
+        raise ToolkitError(f"dataset={source.index.spec!r}: a sample cannot be decoded ({e.message.splitlines()[0]}); "
+                           "write the shards again") from None
