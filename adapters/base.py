@@ -35,7 +35,7 @@ from toolkit import messages
 from toolkit.exchange import numerics
 from toolkit.run import checkpoint, preemption, schedule
 from toolkit.adapters.framework import TensorWork
-from toolkit.adapters.loader import Loader, StreamLoader
+from toolkit.adapters.loader import ForeignLoader, ForeignSampler, Loader, StreamLoader
 from toolkit.adapters.topology import Topology, digest
 from toolkit.run.data import Sampler, leading_size
 from toolkit.run.streams import ShardSource
@@ -228,6 +228,13 @@ class Session(TensorWork):
         world, mine = (self.world_size, self._my_replicas()) if shard else (1, range(1))
         if isinstance(data, ShardSource):
             return self._stream_loader(data, batch_size, shuffle, train, world, mine, reader)
+        if self._is_stream(data):
+            b = batch_size or self.config.batch_size
+            sampler = ForeignSampler(b, self.config.accumulation_steps if train else 1, world, mine, train)
+            loader = ForeignLoader(self, data, sampler, lambda d: self._stream_batches(d, b, train, **reader))
+            if train:
+                self.loaders.append(loader)
+            return loader
         sampler = Sampler(self._length(data), batch_size or self.config.batch_size,
                           self.config.accumulation_steps if train else 1, world, mine,
                           self.config.seed, train=train, shuffle=shuffle)

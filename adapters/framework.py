@@ -104,6 +104,16 @@ class TensorWork(abc.ABC):
                                f"{self.dataset_kind}; numpy arrays are indexed directly")
         return (map_structure(lambda a: self._tensor(a[idx]), data) for idx in plan)
 
+    def _is_stream(self, data) -> bool:
+        """Whether `data` is a stream of samples of unknown length the framework reads (a torch
+        IterableDataset, a tf.data stream without a cardinality, an iterable for MXNet)."""
+        return False
+
+    def _stream_batches(self, data, batch_size: int, drop_last: bool, **reader):
+        """A user's stream in micro-batches of `batch_size` samples on this rank's device (training drops
+        a last smaller one: every rank's micro-batches then weigh the same)."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def _dataset_length(self, data) -> int | None:
         """Samples in the framework's dataset `data`, None if `data` is not one."""

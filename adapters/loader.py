@@ -71,3 +71,75 @@ class StreamLoader(Loader):
             step = [next(batches) for _ in range(s.k)]
             s.advance()
             yield step
+
+
+class ForeignSampler:
+    """A stream the toolkit did not shard: its position is the optimizer steps taken this epoch."""
+
+    def __init__(self, batch_size: int, accumulation_steps: int, world: int, replicas: range, train: bool):
+        self.batch_size, self.k, self.train = batch_size, accumulation_steps, train
+        self.epoch, self.steps_done, self.n = 0, 0, None
+        self.resize(world, replicas)
+
+    def resize(self, world: int, replicas: range) -> None:
+        self.world, self.replicas = world, replicas
+
+    @property
+    def step_samples(self) -> int:
+        return self.batch_size * self.k * self.world
+
+    @property
+    def position(self) -> int:
+        return self.steps_done * self.step_samples
+
+    steps_per_epoch = None          # unknown: a stream
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.steps_done = epoch, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "steps": self.steps_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.steps_done = int(state["epoch"]), int(state.get("steps", 0))
+
+
+_SAID: set = set()
+
+
+class ForeignLoader(Loader):
+    """A user's own stream (a torch IterableDataset or WebDataset pipeline, a tf.data stream of unknown
+    length, an iterable of samples for MXNet): every rank reads it as given, in micro-batches of the
+    session's batch size. The toolkit did not shard it, so every-sample-once and an exact resume do
+    not hold: it says so once, in one line, and trains. Steps end for every rank when one rank's
+    stream runs out (they agree each step, a scalar collective), so no rank waits alone in an
+    allreduce; a resume fast-forwards past the steps taken (exact only for a deterministic stream).
+    `batches(data)`: the framework's micro-batches of the stream."""
+
+    def __init__(self, session, data, sampler, batches):
+        super().__init__(session, data, sampler, batches)
+        kind = type(data).__name__
+        if kind not in _SAID and session.is_main:
+            _SAID.add(kind)
+            from toolkit.messages import say
+            say(0, f"toolkit: session.loader({kind}): a stream the toolkit did not shard, read as given on every "
+                   "rank; every sample once per epoch and an exact resume hold only for shards (toolkit shards, then "
+                   "toolkit.shards(PATH) or dataset shards:PATH)", False)
+
+    def __len__(self):
+        raise TypeError("a stream's loader has no length (the stream does not say how many samples it holds)")
+
+    def steps(self):
+        s = self.sampler
+        batches, skip = self._batches(self.data), s.steps_done * s.k
+        for _ in range(skip):
+            if next(batches, None) is None:
+                break
+        while True:
+            step = [b for b in (next(batches, None) for _ in range(s.k)) if b is not None]
+            full = self.session.mean(1.0 if len(step) == s.k else 0.0, name="toolkit.stream_more") == 1.0
+            if not full:
+                return
+            s.steps_done += 1
+            yield step

@@ -18,3 +18,12 @@ def start(config=None, comm=None, **keys):
     from toolkit.run import pipeline as run
 
     return run.start(_config.load(config, **keys), comm)
+
+
+def shards(path, split="train", ids=False):
+    """Shards written by `toolkit shards` (a folder, or a glob/brace pattern of its training shards) for
+    `session.loader(...)`: every sample once per epoch across the ranks, resumable mid-epoch and
+    across a change of world. `split="eval"` for the held-out shards; `ids=True`: samples (x, y, id)."""
+    from toolkit.run import streams
+
+    return streams.shards(str(path), split, ids)

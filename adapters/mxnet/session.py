@@ -102,6 +102,21 @@ class MxnetSession(DeferredShapes, Session):
     def _dataset_length(self, data):
         return len(data) if isinstance(data, gluon.data.Dataset) else None
 
+    def _is_stream(self, data) -> bool:
+        """An iterable of samples that is neither numpy arrays nor a Gluon Dataset (a generator, a reader)."""
+        return hasattr(data, "__iter__") and not isinstance(data, (gluon.data.Dataset, tuple, list, dict, str, bytes,
+                                                                    np.ndarray))
+
+    def _stream_batches(self, data, batch_size, drop_last, batchify_fn=None, **reader):
+        if reader:
+            raise ToolkitError(f"session.loader(stream, {', '.join(reader)}=...): a stream takes batchify_fn only")
+        batchify = _with_dicts(batchify_fn or gluon.data.dataloader.default_batchify_fn)
+        samples = iter(data)
+        while chunk := [s for _, s in zip(range(batch_size), samples)]:
+            if drop_last and len(chunk) < batch_size:
+                return
+            yield map_structure(self._to_device, batchify(chunk))
+
     def _tensor(self, array):
         return mx.nd.array(array, ctx=self.ctx, dtype=array.dtype)
 

@@ -112,6 +112,15 @@ class KerasSession(Session):
     def _dataset_length(self, dataset):
         return data.length(dataset)
 
+    def _is_stream(self, dataset) -> bool:
+        return isinstance(dataset, tf.data.Dataset) and int(dataset.cardinality()) < 0
+
+    def _stream_batches(self, dataset, batch_size, drop_last, **reader):
+        if reader:
+            raise ToolkitError(f"session.loader(tf.data.Dataset, {', '.join(reader)}=...): tf.data takes no reader "
+                               "options here; set them on the dataset")
+        yield from dataset.batch(batch_size, drop_remainder=drop_last).prefetch(tf.data.AUTOTUNE)
+
     def _tensor(self, array):
         return tf.constant(array)
 

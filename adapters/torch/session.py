@@ -83,6 +83,15 @@ class TorchSession(Session):
     def _dataset_length(self, data):
         return len(data) if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__") else None
 
+    def _is_stream(self, data) -> bool:
+        return isinstance(data, torch.utils.data.IterableDataset)     # WebDataset pipelines are
+
+    def _stream_batches(self, data, batch_size, drop_last, **reader):
+        options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda",
+                   "drop_last": drop_last, **reader}
+        for batch in torch.utils.data.DataLoader(data, batch_size=batch_size, **options):
+            yield map_structure(self._to_device, batch)
+
     def _tensor(self, array):
         return self._to_device(torch.from_numpy(array))
 

@@ -31,6 +31,7 @@ TOOLS = {
     "packaging": "26.3",
     "cffi": "2.1.1",
     "scikit-learn": "1.9.1",    # ships the real 8x8 `digits` dataset, no download
+    "webdataset": "1.0.2",      # torch's shard format and reader (dataset shards:PATH, toolkit shards)
     "tensorboardX": "2.6.5",    # TensorBoard event files without TensorFlow (log_dir)
     "tqdm": "4.70.1",           # rank 0's progress bar on a terminal
     "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)

@@ -65,6 +65,10 @@ def run(config: Config) -> dict:
         train_loader.sampler.resize(world, session._my_replicas())
         eval_loader.sampler.resize(world, session._my_replicas())
         spe = train_loader.steps_per_epoch
+        if spe is None:
+            raise ToolkitError(f"dataset={config.dataset!r}: the built-in trainer needs data whose length it knows (a "
+                               "stream has none); give a dataset with a length, or write the data with `toolkit shards` "
+                               "and use dataset shards:PATH")
         b, k = config.batch_size, config.accumulation_steps
         if spe < 1:
             raise ToolkitError(f"batch_size={b} x accumulation_steps={k} x {world} replicas is more than the "

@@ -1,0 +1,101 @@
+"""Sharded streams in real jobs, in every framework: `toolkit shards` writes the framework's format
+(WebDataset tar, TFRecord, RecordIO) with its index; a user's loop over `toolkit.shards(PATH,
+ids=True)` on 2 ranks, stopped mid-epoch and resumed on 3 (a change of world), reads every sample
+once per epoch (counted by id); the built-in script trains ResNet-18 from `shards:PATH` on 2 ranks.
+The plan's rules alone: tests/test_streams.py."""
+import json
+import sys
+
+import pytest
+
+from tests.conftest import FRAMEWORKS, ROOT, run, summary, toolkit, train_job
+
+STREAM_LOOP = [sys.executable, str(ROOT / "tests" / "stream_loop.py")]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    from toolkit.run.ondisk import digits_folder
+    return digits_folder(tmp_path_factory.mktemp("digits") / "images")
+
+
+def write_shards(fw, source, out, *extra):
+    proc = toolkit("shards", source, out, "--framework", fw, *extra, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return json.loads((out / "index.json").read_text())
+
+
+def stream_loop(fw, ranks, out, *args) -> dict:
+    argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", 230, "--",
+            *STREAM_LOOP, "--framework", fw, "--out", out, *args]
+    proc = run(argv, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_every_sample_once_per_epoch_across_a_resume_on_more_ranks(fw, images, tmp_path):
+    shards = tmp_path / "shards"
+    index = write_shards(fw, f"imagefolder:{images}", shards, "--shard-size", "150")
+    counts = [s["samples"] for s in index["splits"]["train"]]
+    n = sum(counts)
+    assert counts == [150] * (n // 150) + [n % 150] and sum(s["samples"] for s in index["splits"]["eval"]) == 1797 - n
+    common = ["--shards", shards, "--checkpoint-dir", tmp_path / "ckpt", "--batch-size", "16", "--epochs", "2"]
+    first = stream_loop(fw, 2, tmp_path / "a.json", *common, "--stop-at", "50")      # 44 steps an epoch: mid-epoch 2
+    rest = stream_loop(fw, 3, tmp_path / "b.json", *common, "--resume")
+    for record in (first, rest):
+        assert len(set(record["digests"])) == 1, "replicas differ"
+    # epoch 1 whole on 2 ranks: every sample once, the ranks disjoint, only the last partial step dropped
+    ranks = [set(seen["0"]) for seen in first["seen"]]
+    assert sum(map(len, ranks)) == len(set().union(*ranks)) == n - n % 32 and max(set().union(*ranks)) < n
+    # epoch 2: 6 steps on 2 ranks, then the rest on 3: nothing twice, less than one 3-rank step left
+    epoch2 = [i for record in (first, rest) for seen in record["seen"] for i in seen.get("1", [])]
+    assert len(epoch2) == len(set(epoch2)), "a sample read twice across the resume"
+    assert 0 <= n - len(epoch2) < 48 and rest["steps"] - first["steps"] == (n - 6 * 32) // 48
+    assert rest["accuracy"] > 0.3, rest["accuracy"]     # a linear model of the pixels, 1.5 epochs; chance 0.1
+    # the built-in script: ResNet-18 on 2 ranks from two of the shards (a brace pattern), every split's
+    # samples decoded and augmented as imagefolder: does
+    suffix = {"torch": "tar", "tensorflow": "tfrecord", "mxnet": "rec"}[fw]
+    out = train_job("gloo", ["--framework", fw, "--model", "resnet18", "--dataset",
+                             f"shards:{shards}/train-{{000000..000001}}.{suffix}", "--image-size", "32", "--epochs", "1",
+                             "--batch-size", "16"])
+    assert out["world_size"] == 2 and out["steps"] == 300 // 32
+    assert len(set(out["final_digests"])) == 1 and out["accuracy"] is not None
+
+
+def test_bad_shards_are_one_line(images, tmp_path):
+    for args, says in ((["bogus:x", tmp_path / "o", "--framework", "torch"], "SOURCE is imagefolder:PATH"),
+                       ([f"imagefolder:{tmp_path / 'none'}", tmp_path / "o", "--framework", "torch"], "no folder"),
+                       ([f"imagefolder:{images}", tmp_path / "o", "--framework", "torch", "--shard-size", "0"],
+                        "--shard-size 0")):
+        proc = toolkit("shards", *args)
+        assert proc.returncode != 0 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    # another framework's shards: one line naming the fix (the index is read before any framework)
+    from toolkit import config
+    from toolkit.errors import ToolkitError
+    from toolkit.run import streams
+    (tmp_path / "rec").mkdir()
+    streams.write_index(tmp_path / "rec", format="recordio", kind="image", source="x", framework="mxnet",
+                        num_classes=10, splits={"train": [], "eval": []})
+    (tmp_path / "rec" / "train-000000.rec").write_bytes(b"")
+    streams.write_index(tmp_path / "rec", format="recordio", kind="image", source="x", framework="mxnet",
+                        num_classes=10, splits={"train": [("train-000000.rec", 5)], "eval": []})
+    c = config.resolve({"framework": "torch", "model": "resnet18", "dataset": f"shards:{tmp_path / 'rec'}",
+                        "image_size": 32})
+    with pytest.raises(ToolkitError, match=r"recordio shards \(mxnet's\).*--framework torch"):
+        streams.datasets(c, str(tmp_path / "rec"))
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_a_stream_the_toolkit_did_not_shard_trains_and_says_so_once(fw, tmp_path):
+    """A torch IterableDataset, a tf.data stream of unknown length, an iterable of samples for MXNet:
+    every rank reads its own (rank 1's is 16 samples shorter); all stop when one runs out (no rank
+    left alone in an allreduce), the replicas stay identical, and the notice is one line, once."""
+    out = tmp_path / "foreign.json"
+    argv = [sys.executable, "-m", "toolkit", "launch", "-np", 2, "--gloo", "--timeout", 150, "--",
+            *STREAM_LOOP, "--framework", fw, "--foreign", "100", "--epochs", "2", "--out", out]
+    proc = run(argv, timeout=160)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    record = json.loads(out.read_text())
+    assert record["steps"] == 2 * (84 // 16) and len(set(record["digests"])) == 1, record
+    assert proc.stderr.count("a stream the toolkit did not shard") == 1, proc.stderr[-3000:]
