@@ -88,7 +88,9 @@ class WorkloadConfig:
                                            "model) (built in, no download); on disk, read by the framework's own "
                                            "readers: imagefolder:PATH (PATH/<class>/*.png|jpg with 20% held out, or "
                                            "PATH/train/... + PATH/val/...), cifar10:PATH (CIFAR-10's python "
-                                           "batches) or text:PATH (byte tokens, the last 10% evaluated); or your "
+                                           "batches) or text:PATH (byte tokens, the last 10% evaluated); "
+                                           "sharded streams: shards:PATH (written by `toolkit shards`: a folder, "
+                                           "or a glob/brace pattern of its training shards); or your "
                                            "own: `pkg.module:load` (load(config) returns (train, eval): numpy "
                                            "(x, y) arrays or the framework's datasets)")
     image_size: Optional[int] = _f(None, "imagefolder and synthetic images: the side images are resized to; "
