@@ -99,3 +99,47 @@ def test_a_stream_the_toolkit_did_not_shard_trains_and_says_so_once(fw, tmp_path
     record = json.loads(out.read_text())
     assert record["steps"] == 2 * (84 // 16) and len(set(record["digests"])) == 1, record
     assert proc.stderr.count("a stream the toolkit did not shard") == 1, proc.stderr[-3000:]
+
+
+def test_cifar10_and_text_shards_hold_the_source_samples_under_their_ids(tmp_path):
+    """What `toolkit shards` writes from CIFAR-10 (pixels as PNG) and from a text (windows of context + 1
+    bytes) is the source's samples, each under its id, read back with plain tarfile (no toolkit reader)."""
+    import io
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.workload_data import cifar_folder, text_file
+    from toolkit.run import ondisk
+
+    def samples(folder, split):
+        index = json.loads((folder / "index.json").read_text())
+        out = {}
+        for shard in index["splits"][split]:
+            with tarfile.open(folder / shard["file"]) as tar:
+                for member in tar.getmembers():
+                    key, ext = member.name.split(".", 1)
+                    out.setdefault(int(key), {})[ext] = tar.extractfile(member).read()
+            assert len(out) == sum(s["samples"] for s in index["splits"][split][: index["splits"][split].index(shard) + 1])
+        return index, out
+
+    cifar_folder(tmp_path / "cifar")
+    write_shards("torch", f"cifar10:{tmp_path / 'cifar'}", tmp_path / "c", "--shard-size", "30")
+    (x, y), (xt, yt) = ondisk.cifar10_pixels("c", str(tmp_path / "cifar"))
+    index, train = samples(tmp_path / "c", "train")
+    assert index["image_size"] == 32 and index["mean"] == list(ondisk.CIFAR_MEAN) and sorted(train) == list(range(80))
+    for i, sample in train.items():
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(sample["png"]))), x[i]) and int(sample["cls"]) == y[i]
+    assert [int(k) for k in list(train)[:5]] != list(range(5)), "training samples written in the source's order"
+    _, test = samples(tmp_path / "c", "eval")
+    assert all(np.array_equal(np.asarray(Image.open(io.BytesIO(s["png"]))), xt[i]) for i, s in test.items())
+
+    text_file(tmp_path / "t.txt")
+    write_shards("torch", f"text:{tmp_path / 't.txt'}", tmp_path / "t", "--context", "16", "--shard-size", "100")
+    (wx, wy), _ = ondisk.text("t", str(tmp_path / "t.txt"), 16)
+    index, windows = samples(tmp_path / "t", "train")
+    assert index["kind"] == "tokens" and index["context"] == 16 and len(windows) == len(wx)
+    for i, sample in windows.items():
+        tokens = np.frombuffer(sample["bin"], np.uint8)
+        assert np.array_equal(tokens[:-1], wx[i]) and np.array_equal(tokens[1:], wy[i])

@@ -1,6 +1,6 @@
-"""An image folder (toolkit/run/ondisk.py checked it) through Gluon's `ImageFolderDataset`: resized to
-`size`, the usual light augmentation (random crop padded by 1/8 of the side, horizontal flip) on
-training images when `augment`, ImageNet's normalisation."""
+"""An image folder's files as toolkit/run/ondisk.py listed them, read as Gluon's `ImageFolderDataset`
+reads them (`mx.image.imread`, RGB): resized to `size`, the usual light augmentation (random crop
+padded by 1/8 of the side, horizontal flip) on training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
 
 import mxnet as mx
@@ -10,17 +10,24 @@ from mxnet.gluon.data.vision import transforms as T
 from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
 
 
-class _Subset(gluon.data.Dataset):
-    """The samples of `base` at `index` (toolkit/run/ondisk.py's held-out split)."""
+class Files(gluon.data.Dataset):
+    """(image [H, W, 3] uint8, label) of each listed file; a file that cannot be read is the folder's
+    one line naming it (the check before training only samples the folder)."""
 
-    def __init__(self, base, index):
-        self.base, self.index = base, list(index)
+    def __init__(self, folder, files, labels):
+        self.folder, self.files, self.labels = folder, files, labels
 
     def __getitem__(self, i):
-        return self.base[self.index[i]]
+        path = self.files[i]
+        try:
+            return mx.image.imread(path, flag=1), self.labels[i]
+        except Exception as e:      # MXNetError's message is a C++ traceback: its last line says why
+            why = (str(e).strip().splitlines() or [""])[-1]
+            name = e.__class__.__name__
+            raise self.folder.unreadable(path, why if why.startswith(name) else f"{name}: {why}") from None
 
     def __len__(self):
-        return len(self.index)
+        return len(self.files)
 
 
 def read(folder, config, size: int):
@@ -34,10 +41,9 @@ def read(folder, config, size: int):
     normalise = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     augment = [padded_crop, T.RandomFlipLeftRight()] if config.augment else []
 
-    def dataset(root, index, transforms):
-        ds = gluon.data.vision.ImageFolderDataset(str(root), flag=1)
-        ds = _Subset(ds, index) if index is not None else ds
-        return ds.transform_first(T.Compose([T.Resize((size, size)), *transforms, *normalise]))
+    def dataset(files, labels, transforms):
+        return Files(folder, files, labels).transform_first(T.Compose([T.Resize((size, size)), *transforms,
+                                                                        *normalise]))
 
-    return (dataset(folder.train_root, folder.train_index, augment),
-            dataset(folder.eval_root, folder.eval_index, []))
+    return (dataset(folder.train_files, folder.train_labels, augment),
+            dataset(folder.eval_files, folder.eval_labels, []))

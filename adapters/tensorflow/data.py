@@ -6,11 +6,22 @@ the sampler's (replica r takes every world-th sample), and a resume mid-epoch ca
 """
 from __future__ import annotations
 
+import codecs
+import re
+
 import tensorflow as tf
 
 from toolkit.errors import ToolkitError
 
 SHUFFLE_BUFFER = 10_000      # tf.data samples shuffled together (the whole dataset when smaller)
+ERROR = ("<toolkit-error>", "</toolkit-error>")     # brackets a ToolkitError's line in a tf.data error
+
+
+def error_line(*parts):
+    """A string tensor (the parts joined) for a `tf.debugging.Assert` in a dataset's map: tf.data
+    stops with a multi-line InvalidArgumentError, which batches() turns back into this one line
+    (adapters/tensorflow/images.py names an unreadable file so)."""
+    return tf.strings.join([ERROR[0], *parts, ERROR[1]])
 
 
 def length(data) -> int | None:
@@ -38,4 +49,11 @@ def batches(data, plan, sampler):
     ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(
         lambda *parts: tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *parts))
     done = sampler.position // (b * world) if sampler.train else 0     # micro-batches already trained
-    yield from ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE)
+    try:
+        yield from ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE)
+    except tf.errors.InvalidArgumentError as e:
+        line = re.search(f"{ERROR[0]}(.*?){ERROR[1]}", e.message, re.S)
+        if line is None:
+            raise
+        # the assertion's message is C-escaped (\' for ', octal bytes for UTF-8)
+        raise ToolkitError(codecs.escape_decode(line.group(1).encode())[0].decode("utf-8", "replace")) from None

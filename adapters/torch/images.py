@@ -1,14 +1,33 @@
-"""An image folder (toolkit/run/ondisk.py checked it) through torchvision's `ImageFolder`: resized to
-`size`, the usual light augmentation (random crop padded by 1/8 of the side, horizontal flip) on
-training images when `augment`, ImageNet's normalisation."""
+"""An image folder's files as toolkit/run/ondisk.py listed them (read as torchvision's `ImageFolder`
+would: PIL, converted to RGB): resized to `size`, the usual light augmentation (random crop padded by
+1/8 of the side, horizontal flip) on training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
 
 import torch
-import torchvision
 from torchvision import transforms as T
 
-from toolkit.errors import ToolkitError
-from toolkit.run.ondisk import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD
+from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
+
+
+class Files(torch.utils.data.Dataset):
+    """(transform(image), label) of each listed file; a file that cannot be read is the folder's one
+    line naming it (the check before training only samples the folder)."""
+
+    def __init__(self, folder, files, labels, transform):
+        self.folder, self.files, self.labels, self.transform = folder, files, labels, transform
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        path = self.files[i]
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB")
+        except Exception as e:
+            raise self.folder.unreadable(path, f"{e.__class__.__name__}: {e}") from None
+        return self.transform(image), self.labels[i]
 
 
 def read(folder, config, size: int):
@@ -16,23 +35,5 @@ def read(folder, config, size: int):
     normalise = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     augment = [T.RandomCrop(size, padding=size // 8), T.RandomHorizontalFlip()] if config.augment else []
     resize = T.Resize((size, size))
-
-    def load(path):
-        from PIL import Image
-        try:
-            with Image.open(path) as image:
-                return image.convert("RGB")
-        except Exception as e:
-            raise ToolkitError(f"dataset={folder.spec!r}: {path} cannot be read ({e.__class__.__name__}: {e}); "
-                               "remove or replace it") from None
-
-    def dataset(root, transforms):
-        return torchvision.datasets.ImageFolder(
-            str(root), T.Compose([resize, *transforms, *normalise]), loader=load,
-            is_valid_file=lambda p: p.lower().endswith(IMAGE_EXTENSIONS))
-
-    train, evaluation = dataset(folder.train_root, augment), dataset(folder.eval_root, [])
-    if folder.held_out:
-        train = torch.utils.data.Subset(train, list(folder.train_index))
-        evaluation = torch.utils.data.Subset(evaluation, list(folder.eval_index))
-    return train, evaluation
+    return (Files(folder, folder.train_files, folder.train_labels, T.Compose([resize, *augment, *normalise])),
+            Files(folder, folder.eval_files, folder.eval_labels, T.Compose([resize, *normalise])))

@@ -16,6 +16,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from toolkit.run import shardwrite
+    if args.framework == "tensorflow":      # TensorFlow's start-up chatter off stderr, as in training
+        from toolkit.run import quiet
+        quiet.filter_stderr()
 
     shardwrite.write(args.source, args.out, args.framework, args.shard_size, args.context)
     return 0
