@@ -73,20 +73,14 @@ class StreamLoader(Loader):
             yield step
 
 
-class ForeignSampler:
-    """A stream the toolkit did not shard: its position is the optimizer steps taken this epoch."""
+class ForeignSampler(Sampler):
+    """A stream the toolkit did not shard: its position is the optimizer steps taken this epoch (the
+    Sampler's world and step size; no permutation, no length)."""
 
     def __init__(self, batch_size: int, accumulation_steps: int, world: int, replicas: range, train: bool):
         self.batch_size, self.k, self.train = batch_size, accumulation_steps, train
         self.epoch, self.steps_done, self.n = 0, 0, None
         self.resize(world, replicas)
-
-    def resize(self, world: int, replicas: range) -> None:
-        self.world, self.replicas = world, replicas
-
-    @property
-    def step_samples(self) -> int:
-        return self.batch_size * self.k * self.world
 
     @property
     def position(self) -> int:
