@@ -230,7 +230,9 @@ MUTANTS = [
            (("toolkit/run/ondisk.py", "        if not any(head.startswith(m) for m in MAGIC):", "        if False:"),),
            (f"{W}::test_an_unreadable_image_is_one_line_before_training",)),
     Mutant("keras-split-ignored", "every framework's reader evaluates the same held-out images",
-           (("adapters/tensorflow/images.py", "        if index is not None:", "        if False:"),),
+           (("adapters/tensorflow/images.py", "            dataset(folder.eval_files, folder.eval_labels, False))",
+             "            dataset(folder.train_files[:len(folder.eval_files)], folder.train_labels[:len(folder.eval_files)], "
+             "False))"),),
            (f"{W}::test_each_frameworks_reader_holds_out_the_same_images[tensorflow]",)),
     Mutant("lm-not-causal", "the language model's attention is causal (its falling loss is not cheating)",
            (("adapters/tensorflow/models.py", "(a, a, use_causal_mask=True)", "(a, a)"),),

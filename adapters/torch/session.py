@@ -89,8 +89,8 @@ class TorchSession(Session):
     def _stream_batches(self, data, batch_size, drop_last, **reader):
         options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda",
                    "drop_last": drop_last, **reader}
-        for batch in torch.utils.data.DataLoader(data, batch_size=batch_size, **options):
-            yield map_structure(self._to_device, batch)
+        loader = torch.utils.data.DataLoader(data, batch_size=batch_size, **options)
+        return (map_structure(self._to_device, batch) for batch in loader)
 
     def _tensor(self, array):
         return self._to_device(torch.from_numpy(array))
