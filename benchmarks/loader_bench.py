@@ -180,7 +180,7 @@ def report(results: dict, a, loads) -> str:
                      f"{ratio:.1f}x", "yes" if ratio >= 3 else "**no**"])
     return (f"Made by `{command(a)}` on {common.machine()}; no GPU, the {os.cpu_count()} cores shared by the "
             f"{a.np} ranks (Gloo); the host's 1-minute load average {min(loads):.1f} to {max(loads):.1f} over the "
-            f"run (other jobs ran beside it: read differences under ~20% as noise). Loader alone: the training loader (decode + resize to {a.image_size} + random "
+            f"run (its own ranks and threads; read differences under ~20% as noise). Loader alone: the training loader (decode + resize to {a.image_size} + random "
             f"crop and flip + batch {a.batch_size}, `loader_workers` {a.loader_workers}: decoded in the rank's own "
             f"process) iterated with no model, {a.np} ranks loading at once, {a.files:,} PNGs "
             f"({int(a.files * 0.8):,} training samples, {int(a.files * 0.8) // a.np:,} per rank per epoch); median "

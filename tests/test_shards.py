@@ -146,3 +146,34 @@ def test_cifar10_and_text_shards_hold_the_source_samples_under_their_ids(tmp_pat
     for i, sample in windows.items():
         tokens = np.frombuffer(sample["bin"], np.uint8)
         assert np.array_equal(tokens[:-1], wx[i]) and np.array_equal(tokens[1:], wy[i])
+
+
+TF_ORDER = """
+import sys, json
+import tensorflow as tf
+from toolkit.run import streams
+from toolkit.adapters.tensorflow import shards as tfs
+src = streams.shards(sys.argv[1], ids=True)
+feature = {"id": tf.io.FixedLenFeature([], tf.int64)}
+def read(shard, ranges):
+    for a, b in ranges:
+        yield from (r.numpy() for r in tf.data.TFRecordDataset(shard.path).skip(a).take(b - a))
+out = []
+for world, rank, consumed in [(2, 1, 0), (2, 0, 40), (3, 2, 200)]:
+    s = streams.StreamSampler([x.samples for x in src.shards], 8, 1, world, range(rank, rank + 1), seed=3, window=64)
+    s.load_state_dict({"epoch": 2, "segments": [[world, consumed]]})
+    reads = s.reads()
+    ids = lambda records: [int(tf.io.parse_single_example(r, feature)["id"]) for r in records]
+    out.append([ids(tfs.records(src, reads)), ids(reads.records(read, src.shards)), s.samples_left()])
+print(json.dumps(out))
+"""
+
+
+def test_tensorflows_reader_gives_the_plans_order_in_tf_data(images, tmp_path):
+    """TensorFlow's reader reorders the stream inside tf.data (no Python per record); it gives the plan's
+    order exactly (the same as the core's reordering of plainly read records), mid-window resumes too."""
+    write_shards("tensorflow", f"imagefolder:{images}", tmp_path / "s", "--shard-size", "150")
+    proc = run([sys.executable, "-c", TF_ORDER, tmp_path / "s"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for in_tf, plan, left in json.loads(proc.stdout.splitlines()[-1]):
+        assert in_tf == plan and len(plan) == left and len(set(plan)) == left

@@ -1,7 +1,9 @@
 """Sharded streams for TensorFlow: TFRecord shards of `tf.train.Example`s (id, label, data), written
 with `tf.io.TFRecordWriter` and read with `tf.data.TFRecordDataset` (toolkit/run/streams.py says which
-samples each rank reads); decoded, resized and augmented in tf.data as `imagefolder:` is
-(adapters/tensorflow/images.py), tokens as `text:`."""
+samples each rank reads, in which order); reordered, decoded, resized and augmented in tf.data as
+`imagefolder:` is (adapters/tensorflow/images.py), tokens as `text:`. No Python runs per record: a
+generator feeding tf.data held the GIL beside the training step and cost a third of the training
+rate (benchmarks/loader_bench.py, 2026-11-26)."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -23,22 +25,34 @@ class Writer:
         self._out.close()
 
 
-def read_shard(shard, ranges):
-    """The serialized records of `ranges` of one TFRecord shard (tf.data skips the records before)."""
-    for start, stop in ranges:
-        for record in tf.data.TFRecordDataset(shard.path).skip(start).take(stop - start):
-            yield record.numpy()
-
-
 _FEATURES = {"id": tf.io.FixedLenFeature([], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64),
              "data": tf.io.FixedLenFeature([], tf.string)}
+
+
+def records(source, reads):
+    """This rank's serialized records in the stream's order, all in tf.data (no Python per record): the
+    pieces read with TFRecordDataset's skip/take, cut into the plan's windows, each reordered by its
+    permutation with a gather, the consumed part of the first window skipped."""
+    import numpy as np
+    pieces = [(source.shards[shard].path, start, stop - start) for shard, ranges in reads.pieces
+              for start, stop in ranges]
+    if not pieces:
+        return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
+    paths, starts, counts = (list(column) for column in zip(*pieces))
+    raw = tf.data.Dataset.from_tensor_slices((paths, tf.constant(starts, tf.int64), tf.constant(counts, tf.int64)))
+    raw = raw.flat_map(lambda path, start, count: tf.data.TFRecordDataset(path).skip(start).take(count))
+    lengths = [len(order) for order in reads.windows]
+    orders = tf.RaggedTensor.from_row_lengths(np.concatenate(reads.windows).astype(np.int64), lengths)
+    # windows are consecutive runs of the stream (all of reads.windows[0]'s length but perhaps the last)
+    windows = raw.batch(lengths[0])
+    ordered = tf.data.Dataset.zip((windows, tf.data.Dataset.from_tensor_slices(orders)))
+    return ordered.map(lambda window, order: tf.gather(window, order)).unbatch().skip(reads.skip)
 
 
 def dataset(source, config, reads, size: int, train: bool):
     """This rank's stream as an unbatched tf.data.Dataset of (x, y) or (x, y, id)."""
     index = source.index
-    records = tf.data.Dataset.from_generator(lambda: reads.records(read_shard, source.shards),
-                                             output_signature=tf.TensorSpec((), tf.string))
+    records_ = records(source, reads)
     mean, std = tf.constant(index.mean) * 255.0, tf.constant(index.std) * 255.0
     pad = size // 8
 
@@ -59,7 +73,7 @@ def dataset(source, config, reads, size: int, train: bool):
             x, y = image(sample["data"]), sample["label"]
         return (x, y, sample["id"]) if source.ids else (x, y)
 
-    return records.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    return records_.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def batches(session, source, reads, sizes, size: int, train: bool):
