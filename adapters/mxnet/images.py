@@ -30,20 +30,21 @@ class Files(gluon.data.Dataset):
         return len(self.files)
 
 
-def read(folder, config, size: int):
-    """(train, eval) Gluon Datasets of (image [3, size, size] float32, label)."""
+def transform(size: int, augment: bool, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """An image NDArray [H, W, 3] uint8 -> float32 [3, size, size]: resized, augmented (a random crop
+    padded by 1/8 of the side, a horizontal flip) when `augment`, normalised. An image folder's and
+    shards' images alike."""
     pad = size // 8
 
     def padded_crop(image):     # Gluon 1.9's transforms have no padded RandomCrop
         image = mx.image.copyMakeBorder(image, pad, pad, pad, pad)
         return mx.image.random_crop(image, (size, size))[0]
 
-    normalise = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    augment = [padded_crop, T.RandomFlipLeftRight()] if config.augment else []
+    crop_flip = [padded_crop, T.RandomFlipLeftRight()] if augment else []
+    return T.Compose([T.Resize((size, size)), *crop_flip, T.ToTensor(), T.Normalize(mean, std)])
 
-    def dataset(files, labels, transforms):
-        return Files(folder, files, labels).transform_first(T.Compose([T.Resize((size, size)), *transforms,
-                                                                        *normalise]))
 
-    return (dataset(folder.train_files, folder.train_labels, augment),
-            dataset(folder.eval_files, folder.eval_labels, []))
+def read(folder, config, size: int):
+    """(train, eval) Gluon Datasets of (image [3, size, size] float32, label)."""
+    return (Files(folder, folder.train_files, folder.train_labels).transform_first(transform(size, config.augment)),
+            Files(folder, folder.eval_files, folder.eval_labels).transform_first(transform(size, False)))

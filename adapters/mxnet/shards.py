@@ -1,14 +1,14 @@
 """Sharded streams for MXNet: RecordIO shards (`.rec` with its `.idx`), written and read with
 `mx.recordio.MXIndexedRecordIO` (the id in each record's header, the label too; toolkit/run/streams.py
-says which samples each rank reads); images decoded with `mx.image.imdecode` and transformed as
-`imagefolder:` is (adapters/mxnet/images.py), tokens as `text:`. The index lets a rank seek to its
+says which samples each rank reads); images decoded with `mx.image.imdecode` and transformed by
+`imagefolder:`'s transform (adapters/mxnet/images.py), tokens as `text:`. The index lets a rank seek to its
 part of a shard."""
 from __future__ import annotations
 
 import mxnet as mx
 import numpy as np
-from mxnet.gluon.data.vision import transforms as T
 
+from toolkit.adapters.mxnet import images
 from toolkit.errors import ToolkitError
 
 
@@ -41,13 +41,7 @@ def read_shard(shard, ranges):
 
 def decoder(source, config, size: int, train: bool):
     index = source.index
-    pad = size // 8
-
-    def padded_crop(image):
-        return mx.image.random_crop(mx.image.copyMakeBorder(image, pad, pad, pad, pad), (size, size))[0]
-
-    augment = [padded_crop, T.RandomFlipLeftRight()] if train and config.augment else []
-    transform = T.Compose([T.Resize((size, size)), *augment, T.ToTensor(), T.Normalize(index.mean, index.std)])
+    transform = images.transform(size, train and config.augment, index.mean, index.std)
 
     def decode(packed):
         header, payload = mx.recordio.unpack(packed)

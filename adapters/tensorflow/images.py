@@ -11,10 +11,21 @@ from toolkit.adapters.tensorflow.data import error_line
 from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD, MAGIC
 
 
+def crop_flip(x, size: int):
+    """The light augmentation: a random crop of the image padded by 1/8 of the side, a horizontal flip
+    (an image folder's and shards' images alike)."""
+    pad = size // 8
+    x = tf.image.resize_with_crop_or_pad(x, size + 2 * pad, size + 2 * pad)
+    return tf.image.random_flip_left_right(tf.image.random_crop(x, (size, size, 3)))
+
+
+def normalised(x, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """A float image in 0-255 normalised by the per-channel mean and std (given in 0-1)."""
+    return (x - tf.constant(mean) * 255.0) / (tf.constant(std) * 255.0)
+
+
 def read(folder, config, size: int):
     """(train, eval) unbatched tf.data.Datasets of (image [size, size, 3] float32, int32 label)."""
-    mean, std = tf.constant(IMAGENET_MEAN) * 255.0, tf.constant(IMAGENET_STD) * 255.0
-    pad = size // 8
     # ondisk.py's line for an unreadable file, its path filled in the graph
     before, after = str(folder.unreadable("\0", "no PNG or JPEG signature in its first bytes")).split("\0")
 
@@ -29,11 +40,10 @@ def read(folder, config, size: int):
         return image, label
 
     def normalise(x, y):
-        return (x - mean) / std, y
+        return normalised(x), y
 
     def augment(x, y):
-        x = tf.image.resize_with_crop_or_pad(x, size + 2 * pad, size + 2 * pad)
-        return tf.image.random_flip_left_right(tf.image.random_crop(x, (size, size, 3))), y
+        return crop_flip(x, size), y
 
     def dataset(files, labels, train: bool):
         ds = (tf.data.Dataset.from_tensor_slices((list(files), tf.constant(labels, tf.int32)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from toolkit.adapters.tensorflow import images
 from toolkit.errors import ToolkitError
 
 
@@ -53,16 +54,11 @@ def dataset(source, config, reads, size: int, train: bool):
     """This rank's stream as an unbatched tf.data.Dataset of (x, y) or (x, y, id)."""
     index = source.index
     records_ = records(source, reads)
-    mean, std = tf.constant(index.mean) * 255.0, tf.constant(index.std) * 255.0
-    pad = size // 8
 
     def image(data):
         x = tf.io.decode_image(data, channels=3, expand_animations=False)
         x = tf.image.resize(x, (size, size))
-        if train and config.augment:
-            x = tf.image.resize_with_crop_or_pad(x, size + 2 * pad, size + 2 * pad)
-            x = tf.image.random_flip_left_right(tf.image.random_crop(x, (size, size, 3)))
-        return (x - mean) / std
+        return images.normalised(images.crop_flip(x, size) if train and config.augment else x, index.mean, index.std)
 
     def decode(record):
         sample = tf.io.parse_single_example(record, _FEATURES)

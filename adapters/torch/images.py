@@ -30,10 +30,14 @@ class Files(torch.utils.data.Dataset):
         return self.transform(image), self.labels[i]
 
 
+def transform(size: int, augment: bool, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """A PIL RGB image -> float32 [3, size, size]: resized, augmented (a random crop padded by 1/8 of the
+    side, a horizontal flip) when `augment`, normalised. An image folder's and shards' images alike."""
+    crop_flip = [T.RandomCrop(size, padding=size // 8), T.RandomHorizontalFlip()] if augment else []
+    return T.Compose([T.Resize((size, size)), *crop_flip, T.ToTensor(), T.Normalize(mean, std)])
+
+
 def read(folder, config, size: int):
     """(train, eval) torch Datasets of (image [3, size, size] float32, label)."""
-    normalise = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    augment = [T.RandomCrop(size, padding=size // 8), T.RandomHorizontalFlip()] if config.augment else []
-    resize = T.Resize((size, size))
-    return (Files(folder, folder.train_files, folder.train_labels, T.Compose([resize, *augment, *normalise])),
-            Files(folder, folder.eval_files, folder.eval_labels, T.Compose([resize, *normalise])))
+    return (Files(folder, folder.train_files, folder.train_labels, transform(size, config.augment)),
+            Files(folder, folder.eval_files, folder.eval_labels, transform(size, False)))

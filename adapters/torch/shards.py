@@ -1,6 +1,6 @@
 """Sharded streams for torch: WebDataset tar shards, written with webdataset's `TarWriter` and read
 with its tar iterators (toolkit/run/streams.py says which samples each rank reads); images decoded
-with PIL and transformed as `imagefolder:` is (adapters/torch/images.py), tokens as `text:`.
+with PIL and transformed by `imagefolder:`'s transform (adapters/torch/images.py), tokens as `text:`.
 DataLoader workers (`loader_workers`) decode micro-batches in turn: worker w takes micro-batches
 w, w + workers, ... and the DataLoader yields them in order, so the stream's order is the same with
 any number of workers."""
@@ -13,8 +13,8 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
-from torchvision import transforms as T
 
+from toolkit.adapters.torch import images
 from toolkit.errors import ToolkitError
 
 
@@ -55,8 +55,7 @@ def decoder(source, config, size: int, train: bool):
             tokens = torch.from_numpy(np.frombuffer(sample["bin"], np.uint8).astype(np.int64))
             return (tokens[:-1], tokens[1:]) + ((int(sample["__key__"]),) if source.ids else ())
         return decode
-    augment = [T.RandomCrop(size, padding=size // 8), T.RandomHorizontalFlip()] if train and config.augment else []
-    transform = T.Compose([T.Resize((size, size)), *augment, T.ToTensor(), T.Normalize(index.mean, index.std)])
+    transform = images.transform(size, train and config.augment, index.mean, index.std)
 
     def decode(sample):
         from PIL import Image
