@@ -302,17 +302,20 @@ class StreamSampler:
         _, after = _take(span, stop)
         return left + after
 
+    def _open_segment(self) -> None:
+        """The last segment is this world's: a new world starts a new one."""
+        if not self.segments or self.segments[-1][0] != self.world:
+            self.segments = self.segments + [[self.world, 0]]
+
     def _current(self):
         """(segment number, this segment's intervals, its spans) with past segments replayed."""
+        self._open_segment()
         intervals = [(0, self.n)]
-        segments = self.segments if self.segments and self.segments[-1][0] == self.world else \
-            self.segments + [[self.world, 0]]
-        for i, (world, consumed) in enumerate(segments[:-1]):
+        for i, (world, consumed) in enumerate(self.segments[:-1]):
             spans, tail = self._deal(intervals, world)
             intervals = [piece for r, span in enumerate(spans)
                          for piece in self._leftover(span, i, r, consumed)] + tail
-        self.segments = segments
-        return len(segments) - 1, intervals, self._deal(intervals, self.world)[0]
+        return len(self.segments) - 1, intervals, self._deal(intervals, self.world)[0]
 
     @property
     def steps_per_epoch(self) -> int:
@@ -374,8 +377,9 @@ class StreamSampler:
         return RankReads(pieces, windows, consumed - first * self.window)
 
     def advance(self, samples: int | None = None) -> None:
-        """One optimizer step (training) or one batch of `samples` (evaluation) consumed by every rank."""
-        self._current()
+        """One optimizer step (training) or one batch of `samples` (evaluation) consumed by every rank (no
+        replay of the past segments: a step's work stays a counter)."""
+        self._open_segment()
         self.segments[-1][1] += self.per_step if samples is None else samples
 
     def state_dict(self) -> dict:
