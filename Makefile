@@ -9,9 +9,13 @@ BIN    := $(VENV)/bin
 TOOLKIT_REQUIRE_MULTIHOST ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 export TOOLKIT_REQUIRE_MULTIHOST
 
+# The cluster engines setup adds (`ray,spark`, `all`; toolkit/build/pins.py ENGINES): none for `make setup` and
+# `make demo`, both for `make test` (the Ray and Spark tests).
+ENGINES ?=
+
 .PHONY: setup demo test matrix support
 setup:
-	$(PYTHON) -m toolkit setup --venv $(VENV)
+	$(PYTHON) -m toolkit setup --venv $(VENV)$(if $(ENGINES), --engines $(ENGINES))
 
 demo: setup
 	rm -rf runs/demo
@@ -19,7 +23,9 @@ demo: setup
 		--framework torch --dataset digits --epochs 15 --checkpoint-dir runs/demo
 
 # Horovod must import for every framework first: a broken build fails here instead of skipping
-# most of the suite. -rs prints every skip's reason.
+# most of the suite. -rs prints every skip's reason. Its setup adds the engines (a target's variable
+# reaches its prerequisites).
+test: ENGINES = ray,spark
 test: setup
 	$(BIN)/toolkit doctor --framework all
 	$(BIN)/python -m pytest -q -rs tests

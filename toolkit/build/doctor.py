@@ -141,6 +141,37 @@ def _check_versions(fw: str, chosen: list[str] | None) -> None:
               "" if keras else support.install_fix("keras"))
 
 
+def _engine_fix(engine: str, setups_venv: bool) -> str:
+    """In `toolkit setup`'s virtualenv: setup with the engine (setup adds it, Java too); elsewhere pip of its pins."""
+    if setups_venv and support.source_tree():
+        return f"`toolkit setup --engines {engine}`" + (f" (or `make setup ENGINES={engine}`)"
+                                                         if support.in_checkout() else "")
+    return f"`{support.pip(*pins.engine_requirements([engine]))}`"
+
+
+def _check_engines(setups_venv: bool) -> None:
+    """The optional cluster engines (pins.ENGINES), each on its line, and the Java Spark runs on: informational,
+    never a failure (who wants neither needs neither). Versions from the metadata: nothing imported."""
+    from toolkit.build import envsetup
+
+    for engine, pinned in pins.ENGINES.items():
+        for name in pinned:
+            have = support.version(name)
+            _line("ok" if have else "info", name,
+                  have or f"not installed (optional: only runs on {engine.capitalize()} need it)",
+                  "" if have else _engine_fix(engine, setups_venv))
+    need = max(pins.ENGINE_JAVA.values())
+    java, major = envsetup.java_path(), envsetup.java_version()
+    spark = support.version("pyspark") is not None
+    fix = f"apt-get install {' '.join(pins.ENGINE_APT['spark'])} (as root)"
+    if major is not None and major >= need:
+        _line("ok", "java", f"{major} ({java}); Spark needs {need} or newer")
+    elif major is not None:
+        _line("warn" if spark else "info", "java", f"{major} ({java}): Spark needs {need} or newer", fix)
+    else:
+        _line("warn" if spark else "info", "java", f"none found: Spark needs Java {need} or newer", fix)
+
+
 def _check_runtime(wanted: list[str]) -> None:
     """What Horovod imports at run time (its setup.py's install_requires; cffi for torch)."""
     names = [n for n in support.HOROVOD_RUNTIME if n != "cffi" or "torch" in wanted]
@@ -183,6 +214,7 @@ def report(framework: str) -> int:
           "" if hvd else support.fix(f"toolkit build-horovod --frameworks {','.join(wanted)}"))
 
     _check_toolchain()
+    _check_engines(chosen is not None)
 
     usable = {}
     for fw in wanted:

@@ -1,7 +1,8 @@
 """`toolkit setup`: the whole environment in one idempotent command.
 
-System packages (Open MPI) -> `.venv/` -> pinned packages -> numpy shim for MXNet -> Horovod
-(built once, then from the cache) -> every Horovod extension imported to prove it.
+System packages (Open MPI) -> `.venv/` -> pinned packages -> numpy shim for MXNet -> the engines asked
+for (`--engines ray,spark`: their pins, and Java for Spark) -> Horovod (built once, then from the cache) ->
+every Horovod extension imported to prove it.
 Runs under the bare system Python (stdlib only) before the virtualenv exists.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ctypes.util
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,11 +44,100 @@ def ensure_system_packages(say, compilers: bool = True) -> None:
         raise ToolkitError(f"Open MPI is missing: install it with `sudo apt-get install -y {packages}`, "
                            "then run `make setup` again")
     say(f"setup: apt-get install {packages}")
+    _apt_get(wanted)
+
+
+def _apt_get(packages) -> None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *wanted]):
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ToolkitError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def parse_engines(text: str | None) -> list[str]:
+    """`--engines ray,spark` (or `all`) -> those engines in pins.ENGINES' order; None or empty: none."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if "all" in names:
+        return list(pins.ENGINES)
+    if unknown := [n for n in names if n not in pins.ENGINES]:
+        raise ToolkitError(f"setup --engines {text}: unknown engine {unknown[0]!r}; choose from "
+                           f"{', '.join(pins.ENGINES)} or all (comma-separated)")
+    return [e for e in pins.ENGINES if e in names]
+
+
+def java_path() -> str | None:
+    """The `java` Spark starts: JAVA_HOME's when set (as pyspark does), else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def java_major(text: str) -> int | None:
+    """The major version in `java -version`'s output (`"17.0.15"` -> 17, `"1.8.0_412"` -> 8), else None."""
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not found:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
+def java_version(java: str | None = None) -> int | None:
+    """The major version of `java` (default: java_path()), None when there is none or it does not run."""
+    java = java or java_path()
+    if not java:
+        return None
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return java_major(proc.stderr + proc.stdout)
+
+
+def ensure_java(say, engines) -> None:
+    """The Java `engines` need (pins.ENGINE_JAVA: Spark 4, 17+): when `java` is missing or older, Debian's
+    pins.ENGINE_APT package with apt-get as root, else one line with the command."""
+    need = max((pins.ENGINE_JAVA[e] for e in engines if e in pins.ENGINE_JAVA), default=None)
+    if need is None:
+        return
+    have = java_version()
+    if have is not None and have >= need:
+        return
+    found = f"Java {have} ({java_path()})" if have else "no Java"
+    wanted = [p for e in engines for p in pins.ENGINE_APT.get(e, ())]
+    packages = " ".join(wanted)
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise ToolkitError(f"Spark needs Java {need} or newer and this machine has {found}: install it with "
+                           f"`sudo apt-get install -y {packages}`, then run `toolkit setup --engines "
+                           f"{','.join(engines)}` again")
+    say(f"setup: apt-get install {packages} (Spark needs Java {need} or newer; found {found})")
+    _apt_get(wanted)
+    if (have := java_version()) is None or have < need:
+        raise ToolkitError(f"setup: {packages} is installed but `{java_path()}` is Java {have}: Spark needs "
+                           f"{need} or newer (unset JAVA_HOME, or point it at Java {need})")
+
+
+def stamped_engines(written: list[str]) -> list[str]:
+    """The engines the stamp records as installed at their current pins (its third line: their `name==version`
+    requirements); an engine whose pin changed since is not among them."""
+    recorded = set(written[2].split(",")) if len(written) > 2 else set()
+    return [e for e in pins.ENGINES if set(pins.engine_requirements([e])) <= recorded]
+
+
+def _write_stamp(stamp: Path, gpu: bool, frameworks: list[str], engines: list[str]) -> None:
+    stamp.write_text(f"{pins_digest(gpu)}\n{','.join(frameworks)}\n{','.join(pins.engine_requirements(engines))}\n")
+
+
+def install_engines(python: Path, engines: list[str], gpu: bool, frameworks: list[str]) -> None:
+    """pip install of `engines`' pins, with every other pin as a constraint: their dependencies never move a
+    framework or a tool that setup pinned."""
+    pinned = pins.requirements(gpu, frameworks) + pins.no_deps_requirements(frameworks)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
+        constraints.write("".join(re.sub(r"\[.*?\]", "", r) + "\n" for r in pinned))   # constraints take no extras
+        constraints.flush()
+        _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", constraints.name,
+              *pins.engine_requirements(engines)], f"pip install of the {', '.join(engines)} engine pins")
 
 
 def install_numpy_shim(site_packages: Path) -> None:
@@ -107,10 +198,12 @@ def _requested(build_args: list[str]) -> list[str] | None:
     return None
 
 
-def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> None:
-    """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL)."""
+def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engines=()) -> None:
+    """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL). `engines`
+    (parse_engines): added to those installed before, never removed; each installed once (the stamp)."""
     start = time.monotonic()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    engines = parse_engines(",".join(engines))
     from toolkit.build import support
     if not support.source_tree():
         raise ToolkitError("setup makes the repository's own virtualenv and runs from a checkout only; in this "
@@ -120,6 +213,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
         raise ToolkitError(f"setup needs Python {'.'.join(map(str, pins.MIN_PYTHON))} or newer (this is "
                            f"{sys.version.split()[0]}); run it as `python{pins.PYTHON} -m toolkit setup`")
     ensure_system_packages(say, compilers="--wheelhouse" not in build_args)
+    ensure_java(say, engines)
     python = _venv_python(venv)
     if not python.exists():
         say(f"setup: creating {venv}")
@@ -129,6 +223,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
                            f"virtualenv (`make setup PYTHON=python{py}` uses {default_venv().name}; or --venv DIR)")
     stamp = venv / STAMP
     written = stamp.read_text().split() if stamp.exists() else []
+    installed = stamped_engines(written)
     if written[:1] != [pins_digest(gpu)]:
         wheels = framework_wheels(python, list(pins.HOROVOD_FRAMEWORKS), gpu)
         for fw, req in wheels.items():
@@ -150,10 +245,17 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False) -> No
         site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        text=True).strip()
         install_numpy_shim(Path(site))
-        stamp.write_text(f"{pins_digest(gpu)}\n{','.join(frameworks)}\n")
+        _write_stamp(stamp, gpu, frameworks, installed)
     else:
         frameworks = written[1].split(",") if len(written) > 1 else list(pins.HOROVOD_FRAMEWORKS)
         say(f"setup: pinned packages already installed ({', '.join(frameworks)})")
+    if todo := [e for e in engines if e not in installed]:
+        say(f"setup: installing the engines {', '.join(todo)} ({' '.join(pins.engine_requirements(todo))})")
+        install_engines(python, todo, gpu, frameworks)
+        installed = [e for e in pins.ENGINES if e in installed or e in todo]
+        _write_stamp(stamp, gpu, frameworks, installed)
+    elif engines:
+        say(f"setup: engines already installed ({', '.join(engines)})")
     requested = _requested(build_args)
     if requested is None:
         build_args = [*build_args, "--frameworks", ",".join(frameworks)]

@@ -67,6 +67,18 @@ APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
 APT_RUNTIME = ("openmpi-bin", "libgomp1", "libquadmath0")
 RUNTIME_LIBRARIES = ("gomp", "quadmath")
 
+# Cluster engines, an optional group: `toolkit setup --engines ray,spark` (or `all`) installs them, `make test`
+# asks for both, a plain `toolkit setup` (`make setup`, `make demo`) downloads neither. Engine -> the
+# distributions it needs (pyproject's extras [ray] and [spark] are their ranges).
+ENGINES = {
+    "ray": {"ray": "2.60.0"},
+    "spark": {"pyspark": "4.3.0"},      # Spark's own jars are in the wheel; it runs on a Java (ENGINE_JAVA)
+}
+# ... the Debian packages an engine needs, installed by setup only when that engine is asked for, and the
+# oldest Java major version it runs on (Spark 4 needs Java 17 or newer).
+ENGINE_APT = {"spark": ("openjdk-17-jre-headless",)}
+ENGINE_JAVA = {"spark": 17}
+
 # Horovod framework name -> (pip distribution, importable module, Horovod extension module).
 HOROVOD_FRAMEWORKS = {
     "torch": ("torch", "torch", "horovod.torch"),
@@ -105,3 +117,8 @@ def framework_requirements(framework: str, gpu: bool = False) -> list[str]:
     """The pinned `name==version` of each distribution `framework` needs (FRAMEWORK_DISTRIBUTIONS)."""
     pinned = {**FRAMEWORKS, **NO_DEPS}
     return [f"{GPU_REPLACES.get(n, n) if gpu else n}=={pinned[n]}" for n in FRAMEWORK_DISTRIBUTIONS[framework]]
+
+
+def engine_requirements(engines) -> list[str]:
+    """The pinned `name==version` of each distribution `engines` (names of ENGINES) need, in ENGINES' order."""
+    return [f"{n}=={v}" for engine, pinned in ENGINES.items() if engine in engines for n, v in pinned.items()]

@@ -1,4 +1,4 @@
-"""`toolkit setup`: Open MPI, .venv, pinned packages, numpy shim, Horovod; idempotent and cached."""
+"""`toolkit setup`: Open MPI, .venv, pinned packages, numpy shim, engines asked for, Horovod; idempotent, cached."""
 from pathlib import Path
 
 
@@ -12,6 +12,10 @@ def register(sub) -> None:
     p.add_argument("--wheelhouse", default=None, metavar="DIR",
                    help="Horovod from DIR (`toolkit build-horovod --export DIR` on a machine that builds): "
                         "no compilers needed here; a build for other versions is refused")
+    p.add_argument("--engines", default=None, metavar="ENGINE[,ENGINE]",
+                   help="also install these cluster engines' pins: ray, spark (and Java 17 with apt-get where java is "
+                        "missing or older), or all; "
+                        "added to those installed before, never removed (`make test` asks for both)")
     p.add_argument("build_args", nargs="*", metavar="-- BUILD-HOROVOD-ARGS",
                    help="passed to `toolkit build-horovod`, after `--`")
     p.set_defaults(func=run)
@@ -20,9 +24,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from toolkit.build import envsetup
 
+    engines = envsetup.parse_engines(args.engines)    # an unknown name: one line, before anything runs
     build_args = list(args.build_args)
     if args.wheelhouse:
         build_args += ["--wheelhouse", str(Path(args.wheelhouse).resolve())]
     envsetup.setup(Path(args.venv) if args.venv else envsetup.default_venv(), build_args,
-                   gpu=args.gpu)
+                   gpu=args.gpu, engines=engines)
     return 0
