@@ -11,13 +11,14 @@ import sys
 def register(sub) -> None:
     p = sub.add_parser("launch", help="start a command on N ranks via horovodrun or mpirun",
                        usage="toolkit launch -np N [-H host:slots,...|--hostfile FILE] [--gloo|--mpi] [--framework F] "
-                             "[--backend horovod|native] [--dry-run|--emit slurm|mpijob] -- COMMAND ...")
+                             "[--backend horovod|native] [--launcher ray [--address ADDR]|spark [--master URL]] [--dry-run|--emit slurm|mpijob] -- COMMAND ...")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
     hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")
-    p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config", "torchrun"),
-                   help="default horovodrun; with --backend native: torchrun (torch) or tf_config (tensorflow)")
+    p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config", "torchrun", "ray", "spark"),
+                   help="default horovodrun; with --backend native: torchrun (torch) or tf_config (tensorflow); "
+                        "ray or spark: the workers run on that engine (docs/CLUSTERS.md)")
     p.add_argument("--framework", default=None, help="sets TOOLKIT_FRAMEWORK for the ranks (unless set)")
     p.add_argument("--backend", default=None, choices=("horovod", "native"),
                    help="native: no Horovod; torch ranks started by torchrun (torch.distributed), TensorFlow "
@@ -39,6 +40,12 @@ def register(sub) -> None:
     el.add_argument("--min-np", type=int, default=None, help="fewest workers the job goes on with")
     el.add_argument("--max-np", type=int, default=None, help="most workers")
     el.add_argument("--host-discovery-script", default=None, help="executable printing `host:slots` lines")
+    eng = p.add_argument_group("Ray and Spark (--launcher ray|spark; docs/CLUSTERS.md)")
+    eng.add_argument("--address", default=None, help="Ray: the cluster (HEAD:6379 or auto); none: a local Ray for "
+                                                     "the job")
+    eng.add_argument("--master", default=None, help="Spark: the master URL (spark://HOST:7077); none: local[N]")
+    eng.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs the engine reserves per worker (1)")
+    eng.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs the engine reserves per worker (0)")
     p.add_argument("--start-timeout", type=int, default=60, help="seconds for all ranks to start (default 60)")
     p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
@@ -88,7 +95,9 @@ def run(args) -> int:
                              command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
                              controller=args.controller, start_timeout=args.start_timeout,
                              network_interface=args.network_interface, env=tuple(env),
-                             ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file)
+                             ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                             address=args.address, master=args.master, cpus_per_worker=args.cpus_per_worker,
+                             gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod")
     if args.emit:
         from toolkit.launch import recipes
         if args.emit == "slurm":
@@ -135,6 +144,11 @@ def _launcher(args, framework: str | None) -> str:
 
     if args.backend != "native":
         return args.launcher or "horovodrun"
+    if args.launcher in ("ray", "spark"):
+        if framework not in (None, "torch"):
+            raise ToolkitError(f"--backend native on {args.launcher} is torch's ({'Ray Train TorchTrainer' if args.launcher == 'ray' else 'TorchDistributor'}); "
+                               f"{framework} runs there with --backend horovod")
+        return args.launcher
     if args.launcher in ("horovodrun", "mpirun"):
         raise ToolkitError(f"--backend native starts the framework's own workers (torch: torchrun, tensorflow: "
                            f"TF_CONFIG workers), without Horovod; drop --launcher {args.launcher}")

@@ -35,7 +35,8 @@ from toolkit.errors import ToolkitError
 from toolkit.launch.hosts import check_hosts, free_port, is_local, parse_hosts, total_slots
 from toolkit.launch.processes import forward_sigterm, kill_group, run_workers, timed_out
 
-LAUNCHERS = ("horovodrun", "mpirun", "tf_config", "torchrun")
+LAUNCHERS = ("horovodrun", "mpirun", "tf_config", "torchrun", "ray", "spark")
+ENGINES = ("ray", "spark")      # cluster engines that place the workers themselves (engines.py)
 TF_CONFIG_BASE_PORT = 23456     # worker s on a remote host listens on base + s (local workers: free ports)
 TORCHRUN_PORT = 29400           # the rendezvous on a first host that is another machine (torchrun's default)
 TORCHRUN_MAX_RESTARTS = 3       # elastic: restarts of the worker group before the job fails
@@ -67,6 +68,12 @@ class LaunchSpec:
     min_np: Optional[int] = None
     max_np: Optional[int] = None
     discovery: Optional[str] = None      # executable printing `host:slots` lines
+    # Ray and Spark (engines.py): where the engine runs (None: a local one for the job), each worker's share
+    address: Optional[str] = None        # Ray: ADDR (head:6379) or auto
+    master: Optional[str] = None         # Spark: spark://host:7077, local[N], ...
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0
+    backend: str = "horovod"             # native: Ray Train's TorchTrainer / pyspark's TorchDistributor
 
     def __post_init__(self):
         if not self.command:
@@ -103,7 +110,30 @@ class LaunchSpec:
 
         if self.launcher == "torchrun":
             torchrun_nodes(self)            # -np fills the hosts it uses equally
+        self._check_engine()
         self._check_elastic()
+
+    def _check_engine(self) -> None:
+        """Ray and Spark place the workers themselves; their flags belong to them alone."""
+        if self.address is not None and self.launcher != "ray":
+            raise ToolkitError("--address is Ray's; add --launcher ray (or drop --address)")
+        if self.master is not None and self.launcher != "spark":
+            raise ToolkitError("--master is Spark's; add --launcher spark (or drop --master)")
+        if self.launcher not in ENGINES:
+            if (self.cpus_per_worker, self.gpus_per_worker) != (1, 0):
+                raise ToolkitError("--cpus-per-worker/--gpus-per-worker ask Ray or Spark for each worker's share; "
+                                   "add --launcher ray or spark (or drop them)")
+            return
+        if self.hosts is not None:
+            raise ToolkitError(f"-H/--hostfile: {self.launcher} places the workers on its own nodes; drop it "
+                               f"({'--address' if self.launcher == 'ray' else '--master'} names the cluster)")
+        if self.controller is not None:
+            raise ToolkitError(f"--{self.controller}: on {self.launcher} Horovod's ranks meet over Gloo; drop it")
+        if self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
+            raise ToolkitError(f"--cpus-per-worker {self.cpus_per_worker:g} / --gpus-per-worker "
+                               f"{self.gpus_per_worker:g}: CPUs must be more than 0 and GPUs 0 or more")
+        if self.backend not in ("horovod", "native"):
+            raise ToolkitError(f"--backend {self.backend!r}: choose horovod or native")
 
     @property
     def elastic(self) -> bool:
@@ -115,9 +145,12 @@ class LaunchSpec:
                 raise ToolkitError("--max-np applies to elastic jobs; add --min-np" +
                                    ("" if self.launcher == "torchrun" else " or --host-discovery-script"))
             return
-        if self.launcher not in ("horovodrun", "torchrun"):
-            raise ToolkitError(f"elastic training is horovodrun's (Horovod elastic) or torchrun's (--backend native "
-                               f"with torch); drop --launcher {self.launcher}")
+        if self.launcher not in ("horovodrun", "torchrun", "ray"):
+            raise ToolkitError(f"elastic training is horovodrun's or Ray's (Horovod elastic) or torchrun's (--backend "
+                               f"native with torch); drop --launcher {self.launcher}")
+        if self.launcher == "ray" and (self.discovery is not None or self.backend == "native"):
+            raise ToolkitError("elastic on Ray is Horovod's elastic Ray executor: Ray finds the hosts (drop "
+                               "--host-discovery-script) and it runs the horovod backend (drop --backend native)")
         if self.launcher == "torchrun" and self.discovery is not None:
             raise ToolkitError("--host-discovery-script is Horovod elastic's; torchrun has none (its nodes join "
                                "at the rendezvous, --min-np/--max-np bound them): drop it")
@@ -134,6 +167,8 @@ class LaunchSpec:
                     raise ToolkitError(f"{flag} {value}: torchrun's elastic unit is a node of {per} rank(s) (-np "
                                        f"{self.np} on -H {self.hosts or f'localhost:{self.np}'}); give a multiple "
                                        f"of {per}")
+            return
+        if self.launcher == "ray":
             return
         if self.discovery is None:
             if len(parse_hosts(self.hosts or "localhost:1")) < 2:
@@ -333,11 +368,18 @@ def commands(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> list
         return plan_workers(spec, environ)
     if spec.launcher == "torchrun":
         return plan_torchrun(spec, environ)
+    if spec.launcher in ENGINES:    # the engine's driver, which starts the workers
+        from toolkit.launch import engines
+        return [([sys.executable, "-m", engines.DRIVERS[spec.launcher], engines.spec_json(spec)],
+                 worker_env(spec, environ))]
     return [command_line(spec, environ)]
 
 
 def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the launcher; return the job's exit code. A job over `timeout` seconds is killed (124)."""
+    if spec.launcher in ENGINES:
+        from toolkit.launch import engines
+        return engines.run_driver(spec, timeout, environ)
     if spec.launcher == "tf_config":
         check_hosts(spec)
         return run_workers(plan_workers(spec, environ), timeout)

@@ -13,6 +13,9 @@ a `toolkit: error:` line of its own gets one from the launcher. A launcher that 
 printed as it came. mpirun's banner for daemons it could not start over ssh is reduced to ssh's own
 lines (`Permission denied (publickey)`, `Host key verification failed.`).
 
+The Ray and Spark drivers (engines.py) pass on their workers' lines tagged as horovodrun's (Ray's
+own prefix on them dropped) and report a worker's non-zero exit in one line, settled as horovodrun's.
+
 torchrun (launcher.py) tags its ranks' lines `[rank]<std>:` on either stream; they are shown as
 horovodrun's, `[rank]<stdout>:` or `[rank]<stderr>:`. When a rank fails, torchrun logs which one,
 raises ChildFailedError (a 20-line traceback) and prints a report whose "Root Cause" names the
@@ -45,6 +48,10 @@ ABORT_CODE = re.compile(r"^with errorcode (\d+)\.")
 ORTE_LOG = re.compile(r"^\[[^\]]+\] \S+ ORTE_ERROR_LOG: ")    # Open MPI's own internal errors
 ORTE_NO_DAEMONS = re.compile(r"^ORTE was unable to reliably start one or more daemons")  # mpirun's ssh banner
 RANK_ERROR = re.compile(r"toolkit: (error|stopped): ")    # a rank's own line: an error, or a preemption's stop
+# Ray's prefix on a worker's line forwarded to the driver (`(BaseHorovodWorker pid=12, ip=10.0.0.2) `, colored),
+# and an engine driver's report of a worker's exit (engines.py): held back as horovodrun's.
+ENGINE_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\((?:\w|\.)+ pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[0m)? ")
+ENGINE_EXIT = re.compile(r"^toolkit: launch: worker (\d+) exited with code (\d+)\s*$")
 
 
 class Relay:
@@ -62,6 +69,11 @@ class Relay:
     def line(self, text: str, stream: IO[str], rank: int | None = None) -> None:
         """One line of the launcher's (`rank` None) or of a worker the toolkit started itself."""
         with self.lock:
+            text = ENGINE_PREFIX.sub("", text)
+            if m := ENGINE_EXIT.match(text):
+                self.held.append((stream, text))
+                self.failed_rank, self.rank_code = m.group(1), int(m.group(2))
+                return
             if m := TORCHRUN_TAG.match(text):
                 text = f"[{m.group(1)}]<{'stderr' if stream is self.err else 'stdout'}>:" + text[m.end():]
             if rank is not None or TAG.match(text):

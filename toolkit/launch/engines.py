@@ -1,0 +1,142 @@
+"""What the Ray and Spark launchers share: a driver process per job, and the command run in each worker.
+
+`toolkit launch --launcher ray|spark` starts a driver (`python -m toolkit.launch.rayjob` or
+`toolkit.launch.sparkjob`, given the LaunchSpec as JSON) in its own session and relays its output as
+horovodrun's: the engine forwards each worker's lines to the driver (Ray prefixes them with
+`(Actor pid=N, ip=A)`, which the relay drops), the worker has tagged them `[rank]<stdout>:` itself.
+The driver prints its own failures as one `toolkit: error:` line and exits non-zero; --timeout stops
+the driver's whole process group, and the engine then stops the workers it owned (their commands die
+with them: `run_command` asks the kernel for SIGKILL when the worker that started them goes).
+
+In the worker (a Ray actor, a Spark task), `run_command` runs the user's command as a child process
+with the engine's rank variables (Horovod's HOROVOD_*, torch's RANK/WORLD_SIZE/MASTER_*), in the
+directory `toolkit launch` ran in (a path every node sees, as checkpoints need), tags its lines, and
+returns its exit code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Mapping, Optional, Sequence
+
+from toolkit.errors import ToolkitError
+from toolkit.launch.launcher import LaunchSpec, _passed_names, worker_env
+from toolkit.launch.processes import forward_sigterm, kill_group, timed_out
+
+DRIVERS = {"ray": "toolkit.launch.rayjob", "spark": "toolkit.launch.sparkjob"}
+
+
+def spec_json(spec: LaunchSpec) -> str:
+    return json.dumps(dataclasses.asdict(spec))
+
+
+def spec_from_json(text: str) -> LaunchSpec:
+    fields = json.loads(text)
+    return LaunchSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def passed_env(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables each worker's command gets from here (the node keeps its own for the rest): the
+    toolkit's, Horovod's, the framework's settings, PATH/PYTHONPATH/VIRTUAL_ENV, and --env items."""
+    env = worker_env(spec, environ)
+    return {k: env[k] for k in _passed_names(env)}
+
+
+def run_driver(spec: LaunchSpec, timeout: Optional[float], environ: Mapping[str, str] | None = None) -> int:
+    """Start the engine's driver for `spec`, relay its lines, return the job's exit code."""
+    from toolkit.launch.output import Relay
+
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("RAY_DEDUP_LOGS", "0")       # every rank's lines, not "[repeated 2x across cluster]"
+    argv = [sys.executable, "-m", DRIVERS[spec.launcher], spec_json(spec)]
+    relay = Relay()
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
+    forward_sigterm(proc)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise timed_out(timeout) from None
+    except KeyboardInterrupt:
+        kill_group(proc)
+        return 130
+    for pump in pumps:
+        pump.join(timeout=10)
+    return relay.finish(code)
+
+
+def _die_with_parent() -> None:
+    """In the command's process, before exec: SIGKILL when the worker that started it dies (Linux)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, rank: int) -> int:
+    """In a worker: run `command` with this process's environment and `env`, in `cwd`; its lines go to
+    this process's stdout/stderr tagged `[rank]<stdout>:` / `[rank]<stderr>:`; returns its exit code
+    (128 + N for signal N). A missing `cwd` or command is the command's failure, one line."""
+    full = {**os.environ, **env}
+    if not os.path.isdir(cwd):
+        sys.stderr.write(f"[{rank}]<stderr>:toolkit: error: launch: {cwd} does not exist on this node "
+                         f"({os.uname().nodename}); run from a folder every node sees (a shared filesystem)\n")
+        sys.stderr.flush()
+        return 2
+    try:
+        proc = subprocess.Popen(list(command), env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace", bufsize=1, preexec_fn=_die_with_parent)
+    except OSError as exc:
+        sys.stderr.write(f"[{rank}]<stderr>:toolkit: error: launch: cannot run {command[0]!r} on "
+                         f"{os.uname().nodename}: {exc.strerror}\n")
+        sys.stderr.flush()
+        return 127
+
+    def copy(pipe, stream, name):
+        for text in iter(pipe.readline, ""):
+            stream.write(f"[{rank}]<{name}>:{text if text.endswith(chr(10)) else text + chr(10)}")
+            stream.flush()
+
+    threads = [threading.Thread(target=copy, args=(proc.stdout, sys.stdout, "stdout"), daemon=True),
+               threading.Thread(target=copy, args=(proc.stderr, sys.stderr, "stderr"), daemon=True)]
+    for t in threads:
+        t.start()
+    code = proc.wait()
+    for t in threads:
+        t.join(timeout=10)
+    time.sleep(0.5)         # the engine forwards a worker's lines from its log file, a moment behind
+    return 128 - code if code < 0 else code
+
+
+def fail(message: str, code: int = 1) -> ToolkitError:
+    """A driver's failure: one line, the job's exit code."""
+    return ToolkitError(message, code=code)
+
+
+def driver_main(run) -> None:
+    """A driver's `__main__`: `run(spec)` returns the job's exit code; a ToolkitError is one line."""
+    from toolkit.messages import line
+
+    spec = spec_from_json(sys.argv[1])
+    try:
+        code = run(spec)
+    except ToolkitError as exc:
+        sys.stderr.write(line("error", str(exc)) + "\n")
+        sys.stderr.flush()
+        code = exc.code
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)      # not the engine's atexit hooks: the driver's job is done
