@@ -19,11 +19,12 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def test_the_engine_pins_are_a_group_of_their_own_that_a_plain_setup_never_installs():
-    assert pins.engine_requirements(["spark", "ray"]) == [f"ray=={pins.ENGINES['ray']['ray']}",
+    assert pins.engine_requirements(["spark", "ray"]) == [f"ray[train]=={pins.ENGINES['ray']['ray[train]']}",
+                                                          f"pyarrow=={pins.ENGINES['ray']['pyarrow']}",
                                                           f"pyspark=={pins.ENGINES['spark']['pyspark']}"]
     assert pins.engine_requirements([]) == []
     everything = pins.requirements() + pins.requirements(gpu=True) + pins.no_deps_requirements()
-    assert not [r for r in everything if r.split("==")[0] in ("ray", "pyspark")], everything
+    assert not [r for r in everything if r.split("==")[0].split("[")[0] in ("ray", "pyarrow", "pyspark")], everything
     assert set(pins.ENGINE_APT) == set(pins.ENGINE_JAVA) == {"spark"} and pins.ENGINE_JAVA["spark"] >= 17
     # pyproject's extras are ranges that admit the pins
     from packaging.requirements import Requirement
@@ -31,7 +32,7 @@ def test_the_engine_pins_are_a_group_of_their_own_that_a_plain_setup_never_insta
     for engine, pinned in pins.ENGINES.items():
         reqs = {Requirement(r).name: Requirement(r) for r in extras[engine]}
         for name, version in pinned.items():
-            assert reqs[name].specifier.contains(version), (engine, name, version)
+            assert reqs[Requirement(name).name].specifier.contains(version), (engine, name, version)
 
 
 def test_engines_flag_names_ray_spark_or_all_and_refuses_others_in_one_line(capsys):
@@ -111,7 +112,7 @@ def test_setup_adds_each_engine_once_and_a_plain_setup_keeps_them(stubbed_setup)
     stamp = venv / envsetup.STAMP
     run("ray")
     assert done["engines"] == [["ray"]] and done["frameworks"] == 0     # the frameworks are not reinstalled
-    assert stamp.read_text().split()[2] == f"ray=={pins.ENGINES['ray']['ray']}"
+    assert stamp.read_text().split()[2] == ",".join(pins.engine_requirements(["ray"]))
     run("ray", "spark")
     assert done["engines"] == [["ray"], ["spark"]]                       # only the one not installed yet
     assert done["java"][-1] == ["ray", "spark"]
@@ -168,7 +169,7 @@ def test_doctor_without_engines_says_how_to_add_each_and_still_passes(monkeypatc
                      r"openjdk-17-jre-headless", out, re.M), out
     doctor._check_engines(setups_venv=False)                   # another environment: pip of the pins
     out = capsys.readouterr().out
-    assert f"-m pip install ray=={pins.ENGINES['ray']['ray']}`" in out and "toolkit setup" not in out, out
+    assert f"-m pip install 'ray[train]=={pins.ENGINES['ray']['ray[train]']}' pyarrow==" in out and "toolkit setup" not in out, out
 
 
 def test_doctor_reports_each_engine_and_java(tmp_path):

@@ -155,7 +155,7 @@ def _check_engines(setups_venv: bool) -> None:
     from toolkit.build import envsetup
 
     for engine, pinned in pins.ENGINES.items():
-        for name in pinned:
+        for name in (n.split("[")[0] for n in pinned):
             have = support.version(name)
             _line("ok" if have else "info", name,
                   have or f"not installed (optional: only runs on {engine.capitalize()} need it)",

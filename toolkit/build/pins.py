@@ -71,7 +71,9 @@ RUNTIME_LIBRARIES = ("gomp", "quadmath")
 # asks for both, a plain `toolkit setup` (`make setup`, `make demo`) downloads neither. Engine -> the
 # distributions it needs (pyproject's extras [ray] and [spark] are their ranges).
 ENGINES = {
-    "ray": {"ray": "2.60.0"},
+    # [train]: Ray Train's TorchTrainer (--backend native) needs pandas and pyarrow; pyarrow 26 needs numpy 2
+    # ("pyarrow requires NumPy 2.0 or newer, found 1.26.4"), 25.0.0 is the newest that imports with MXNet's numpy.
+    "ray": {"ray[train]": "2.60.0", "pyarrow": "25.0.0"},
     "spark": {"pyspark": "4.3.0"},      # Spark's own jars are in the wheel; it runs on a Java (ENGINE_JAVA)
 }
 # ... the Debian packages an engine needs, installed by setup only when that engine is asked for, and the

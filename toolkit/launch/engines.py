@@ -30,6 +30,7 @@ from toolkit.launch.launcher import LaunchSpec, _passed_names, worker_env
 from toolkit.launch.processes import forward_sigterm, kill_group, timed_out
 
 DRIVERS = {"ray": "toolkit.launch.rayjob", "spark": "toolkit.launch.sparkjob"}
+EXIT = "toolkit: launch: worker {rank} exited with code {code}"   # a driver's report; output.py holds it back as horovodrun's
 
 
 def spec_json(spec: LaunchSpec) -> str:

@@ -31,7 +31,7 @@ from toolkit.errors import ToolkitError
 from toolkit.launch import engines
 from toolkit.launch.launcher import LaunchSpec
 
-EXIT = "toolkit: launch: worker {rank} exited with code {code}"   # output.py holds it back as horovodrun's report
+EXIT = engines.EXIT
 FAILED = re.compile(r"toolkit-command-failed rank=(\d+) code=(\d+)")
 
 
@@ -42,6 +42,8 @@ def connect(address: Optional[str], np: int = 1, cpus_per_worker: float = 1) -> 
     if ray.is_initialized():
         return
     quiet = dict(logging_level=logging.ERROR, log_to_driver=True)
+    # Ray Train's progress notes (its State API wants the dashboard, which a job's local Ray goes without)
+    logging.getLogger("ray.train").setLevel(logging.ERROR)
     if address is None:
         cpus = max(os.cpu_count() or 1, int(np * cpus_per_worker + 0.999))
         ray.init(num_cpus=cpus, include_dashboard=False, **quiet)
@@ -85,6 +87,15 @@ def _cluster_check(np: int, cpus: float, gpus: float) -> None:
 def _command_in_worker(command, env, cwd) -> int:
     """In a Horovod Ray worker: the command, tagged with the worker's Horovod rank."""
     return engines.run_command(command, env, cwd, int(os.environ.get("HOROVOD_RANK", "0")))
+
+
+def _elastic_command_in_worker(command, env, cwd) -> int:
+    """In an elastic worker: a command that failed raises, so Horovod's elastic driver counts the slot as
+    failed (and replaces it) instead of finished."""
+    code = _command_in_worker(command, env, cwd)
+    if code:
+        raise RuntimeError(f"toolkit-command-failed rank={os.environ.get('HOROVOD_RANK', '?')} code={code}")
+    return code
 
 
 def _wait(refs: list, names: list[str], stop: Callable[[], None], elastic: bool = False) -> int:
@@ -136,12 +147,25 @@ def _static(spec: LaunchSpec, env: dict, cwd: str) -> int:
     return _wait(refs, [str(r) for r in range(spec.np)], stop)
 
 
+class _WorkerFailed(logging.Filter):
+    """Horovod's elastic driver logs a failed worker's whole traceback; say it in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if m := FAILED.search(record.getMessage()):
+            print(f"toolkit: launch: worker {m.group(1)} exited with code {m.group(2)}; the elastic job goes on "
+                  "without it and Ray starts a new one when it has room", file=sys.stderr, flush=True)
+            return False
+        return True
+
+
 def _elastic(spec: LaunchSpec, env: dict, cwd: str) -> int:
     from toolkit.shims import horovod_ray
     horovod_ray.apply()
+    logging.getLogger("horovod.ray.elastic_v2").addFilter(_WorkerFailed())
     from horovod.ray import RayExecutor
 
-    settings = RayExecutor.create_settings(timeout_s=spec.start_timeout, placement_group_timeout_s=spec.start_timeout)
+    settings = RayExecutor.create_settings(timeout_s=spec.start_timeout, placement_group_timeout_s=spec.start_timeout,
+                                           nics={spec.network_interface} if spec.network_interface else None)
     executor = RayExecutor(settings, min_workers=spec.min_np or spec.np, max_workers=spec.max_np or spec.np,
                            cpus_per_worker=spec.cpus_per_worker, use_gpu=spec.gpus_per_worker > 0,
                            gpus_per_worker=spec.gpus_per_worker or None, reset_limit=horovod_ray.RESET_LIMIT,
@@ -149,7 +173,7 @@ def _elastic(spec: LaunchSpec, env: dict, cwd: str) -> int:
     executor.start()
     env = dict(env, TOOLKIT_ELASTIC_MIN_NP=str(spec.min_np or spec.np))
     try:
-        codes = executor.run(_command_in_worker, args=[list(spec.command), env, cwd])
+        codes = executor.run(_elastic_command_in_worker, args=[list(spec.command), env, cwd])
     except Exception as exc:        # Horovod's elastic driver: the job failed for good
         said = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ToolkitError(f"launch: the elastic Ray job failed: {said}", code=1) from None
