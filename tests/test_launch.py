@@ -70,6 +70,15 @@ def test_parse_hosts():
     (dict(np=2, launcher="mpirun", controller="gloo"), "--gloo needs horovodrun"),
     (dict(np=2, start_timeout=0), "--start-timeout 0"),
     (dict(np=2, launcher="tf_config", controller="gloo"), "TF_CONFIG: drop it"),
+    # Ray and Spark place the workers themselves (issue 38)
+    (dict(np=2, address="h:6379"), "--address is Ray's; add --launcher ray"),
+    (dict(np=2, launcher="ray", master="spark://h:7077"), "--master is Spark's; add --launcher spark"),
+    (dict(np=2, cpus_per_worker=2), "add --launcher ray or spark"),
+    (dict(np=2, launcher="ray", hosts="a:2"), "-H/--hostfile: ray places the workers on its own nodes"),
+    (dict(np=2, launcher="spark", controller="mpi"), "--mpi: on spark Horovod's ranks meet over Gloo"),
+    (dict(np=2, launcher="ray", cpus_per_worker=0), "CPUs must be more than 0"),
+    (dict(np=2, launcher="spark", min_np=1), "drop --launcher spark"),
+    (dict(np=2, launcher="ray", min_np=1, backend="native"), "drop --backend native"),
 ])
 def test_bad_launch_specs(kwargs, needle):
     with pytest.raises(ToolkitError) as e:
@@ -147,6 +156,15 @@ def test_remote_tf_worker_runs_this_virtualenvs_python_and_only_tensorflows_vari
     (["--backend", "native", "--gloo"], "drop it"),
 ])
 def test_cli_native_launch_errors(args, needle):
+    one_line_error(toolkit("launch", "-np", "2", *args, "--", "true"), needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--launcher", "ray", "--backend", "native", "--framework", "tensorflow"], "--backend native on ray is torch's"),
+    (["--launcher", "spark", "--emit", "slurm"], "--emit slurm writes a job for Slurm or Kubernetes"),
+    (["--launcher", "ray", "--address", "nowhere"], "--address nowhere: expected HOST:PORT"),
+])
+def test_cli_engine_launch_errors(args, needle):
     one_line_error(toolkit("launch", "-np", "2", *args, "--", "true"), needle)
 
 

@@ -98,6 +98,9 @@ def run(args) -> int:
                              ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                              address=args.address, master=args.master, cpus_per_worker=args.cpus_per_worker,
                              gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod")
+    if args.emit and launcher in ("ray", "spark"):
+        raise ToolkitError(f"--emit {args.emit} writes a job for Slurm or Kubernetes; --launcher {launcher} runs on a "
+                           f"{launcher.capitalize()} cluster instead: drop one of them")
     if args.emit:
         from toolkit.launch import recipes
         if args.emit == "slurm":

@@ -165,7 +165,7 @@ def _elastic(spec: LaunchSpec, env: dict, cwd: str) -> int:
     from horovod.ray import RayExecutor
 
     settings = RayExecutor.create_settings(timeout_s=spec.start_timeout, placement_group_timeout_s=spec.start_timeout,
-                                           nics={spec.network_interface} if spec.network_interface else None)
+                                           nics=horovod_ray.elastic_nics(spec.network_interface))
     executor = RayExecutor(settings, min_workers=spec.min_np or spec.np, max_workers=spec.max_np or spec.np,
                            cpus_per_worker=spec.cpus_per_worker, use_gpu=spec.gpus_per_worker > 0,
                            gpus_per_worker=spec.gpus_per_worker or None, reset_limit=horovod_ray.RESET_LIMIT,
