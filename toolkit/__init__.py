@@ -7,7 +7,7 @@
 `import toolkit` imports no framework: `start` imports the chosen one. The verbs of a session are
 in adapters/base.py and docs/API.md.
 """
-__version__ = "0.5.0"      # the distribution horovod-toolkit; CHANGELOG.md
+__version__ = "0.6.0"      # the distribution horovod-toolkit; CHANGELOG.md
 
 
 def start(config=None, comm=None, **keys):
