@@ -108,8 +108,9 @@ def test_ray_trains_digits_as_horovodrun_does_through_each_backend_and_from_pyth
     assert baseline["world_size"] == 2 and len(set(baseline["final_digests"])) == 1, baseline
 
     proc = toolkit("launch", "--launcher", "ray", "--address", address, "-np", "2", "--timeout", "300", "--", *job,
-                   env=env, timeout=330)
+                   "--checkpoint-dir", tmp_path / "ckpt", env=env, timeout=330)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*")), "no checkpoint in the folder both nodes see"
     result = _summary(proc.stdout)
     assert result["world_size"] == 2 and result["backend"] == "horovod", result
     assert result["final_digests"] == [baseline["param_digest"]] * 2, (result, baseline["param_digest"])
