@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 
 from toolkit.errors import ToolkitError
 from toolkit.launch.launcher import LaunchSpec, _passed_names, worker_env
-from toolkit.launch.processes import forward_sigterm, kill_group, timed_out
+from toolkit.launch.processes import run_relayed
 
 DRIVERS = {"ray": "toolkit.launch.rayjob", "spark": "toolkit.launch.sparkjob"}
 EXIT = "toolkit: launch: worker {rank} exited with code {code}"   # a driver's report; output.py holds it back as horovodrun's
@@ -51,28 +51,10 @@ def passed_env(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> di
 
 def run_driver(spec: LaunchSpec, timeout: Optional[float], environ: Mapping[str, str] | None = None) -> int:
     """Start the engine's driver for `spec`, relay its lines, return the job's exit code."""
-    from toolkit.launch.output import Relay
-
     env = dict(os.environ if environ is None else environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("RAY_DEDUP_LOGS", "0")       # every rank's lines, not "[repeated 2x across cluster]"
-    argv = [sys.executable, "-m", DRIVERS[spec.launcher], spec_json(spec)]
-    relay = Relay()
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
-    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
-    forward_sigterm(proc)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        raise timed_out(timeout) from None
-    except KeyboardInterrupt:
-        kill_group(proc)
-        return 130
-    for pump in pumps:
-        pump.join(timeout=10)
-    return relay.finish(code)
+    return run_relayed([sys.executable, "-m", DRIVERS[spec.launcher], spec_json(spec)], env, timeout)
 
 
 def _die_with_parent() -> None:

@@ -25,7 +25,6 @@ import os
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Mapping, Optional, Sequence
 
 from toolkit.errors import ToolkitError
 from toolkit.launch.hosts import check_hosts, free_port, is_local, parse_hosts, total_slots
-from toolkit.launch.processes import forward_sigterm, kill_group, run_workers, timed_out
+from toolkit.launch.processes import run_relayed, run_workers
 
 LAUNCHERS = ("horovodrun", "mpirun", "tf_config", "torchrun", "ray", "spark")
 ENGINES = ("ray", "spark")      # cluster engines that place the workers themselves (engines.py)
@@ -396,21 +395,4 @@ def run(spec: LaunchSpec, timeout: Optional[float] = None, environ: Mapping[str,
         fix = support.fix("toolkit build-horovod") if argv[0] == "horovodrun" else \
             "install Open MPI (apt-get install openmpi-bin)"
         raise ToolkitError(f"launch: {argv[0]} not found on PATH; {fix}")
-    from toolkit.launch.output import Relay
-
-    relay = Relay()
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
-    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
-    forward_sigterm(proc)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        raise timed_out(timeout) from None
-    except KeyboardInterrupt:
-        kill_group(proc)
-        return 130
-    for pump in pumps:
-        pump.join(timeout=10)
-    return relay.finish(code)
+    return run_relayed(argv, env, timeout)

@@ -55,6 +55,29 @@ def run_workers(workers, timeout: Optional[float], tagged: bool = False) -> int:
     return relay.worker_failed(*failed) if failed else 0
 
 
+def run_relayed(argv, env, timeout: Optional[float]) -> int:
+    """One launcher process (horovodrun, mpirun, an engine's driver) in a session of its own, its lines
+    relayed (output.py); the job's exit code. Past `timeout` its whole group is stopped (124)."""
+    from toolkit.launch.output import Relay
+
+    relay = Relay()
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
+    forward_sigterm(proc)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise timed_out(timeout) from None
+    except KeyboardInterrupt:
+        kill_group(proc)
+        return 130
+    for pump in pumps:
+        pump.join(timeout=10)
+    return relay.finish(code)
+
+
 RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "TF_CONFIG", "TORCHELASTIC_RUN_ID")
 
 
