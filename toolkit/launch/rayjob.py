@@ -135,7 +135,8 @@ def _static(spec: LaunchSpec, env: dict, cwd: str) -> int:
     horovod_ray.apply()
     from horovod.ray import RayExecutor
 
-    settings = RayExecutor.create_settings(timeout_s=spec.start_timeout, placement_group_timeout_s=spec.start_timeout)
+    settings = RayExecutor.create_settings(timeout_s=spec.start_timeout, placement_group_timeout_s=spec.start_timeout,
+                                           nics={spec.network_interface} if spec.network_interface else None)
     executor = RayExecutor(settings, num_workers=spec.np, cpus_per_worker=spec.cpus_per_worker,
                            use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or None)
     executor.start()
