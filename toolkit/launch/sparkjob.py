@@ -3,19 +3,23 @@
 Starts a Spark application on --master (spark://HOST:PORT, or any URL Spark takes; none: `local[N]`, N =
 -np x --cpus-per-worker, so -np 4 runs on a 2-core laptop as it does under horovodrun), after checking that a
 spark:// master answers at all (Spark itself retries one that does not for a minute, then fails in a wall of
-JVM lines). The JVM's own log goes to a file, named in the one line of an error it explains. Then:
+JVM lines). The executors run this driver's Python (PYSPARK_PYTHON, unless set). The JVM's own output goes to
+a log file (named in the one line of a start that failed; removed after the job), so the job's output is the
+ranks' lines alone. Spark retries no failed task (spark.task.maxFailures 1). Then:
 
 - the horovod backend: Horovod's `horovod.spark.run` (one Spark task per worker, Gloo rendezvous at this
   driver; toolkit/shims/horovod_spark.py mends it), each task running the command (engines.run_command) with
-  its HOROVOD_* variables; Horovod streams each task's lines back here, tagged by the task's index, which is
+  its HOROVOD_* variables; Horovod streams each task's lines back here tagged by the task's index, which is
   dropped for the rank's own tag;
-- --backend native (torch): pyspark's `TorchDistributor` (a barrier stage, torchrun in each task, one process
-  each); the function runs the command with torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/
-  MASTER_ADDR/MASTER_PORT (the function is not in a process group: the command makes its own). pyspark
-  streams the lines back on this driver's stderr; the rank's `<stdout>` lines are put back on stdout.
+- --backend native (torch): pyspark's `TorchDistributor` (a barrier stage, a torchrun of one process in each
+  task); the function is in no process group and runs the command with RANK/WORLD_SIZE/LOCAL_RANK/
+  LOCAL_WORLD_SIZE/GROUP_RANK/MASTER_ADDR/MASTER_PORT as torchrun's own ranks have them (`_torch_env`: the
+  local rank and size of the host, not of the task, and a fresh port for the command's store). pyspark
+  streams the lines back on this driver's stderr; the ranks' `<stdout>` lines are put back on stdout.
 
-A worker whose command exits non-zero stops the job with its code (its EXIT line settles the relay); a
-failed Spark job (a lost executor) ends the job with one line and exit 1: Spark retries neither (no elastic).
+A worker whose command exits non-zero stops the others and the job ends with its code (the EXIT line that
+settles the relay); a worker whose task, executor or node is lost ends the job with one line and exit 1 (no
+elastic on Spark: --resume). Every process a command left is killed with its worker (`_run_reaped`).
 """
 from __future__ import annotations
 
@@ -29,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from typing import Any, Callable, Optional
 
@@ -45,7 +48,7 @@ BARRIER_CHECK_S = 5         # --native: how often Spark looks again for slots fo
 
 
 # ---------------------------------------------------------------------------------------------- the session
-def check_master(master: str) -> None:
+def check_master(master: str, flag: str = "--master ") -> None:
     """A spark:// master where nothing listens: one line now (Spark would retry it for a minute)."""
     if not master.startswith("spark://"):
         return
@@ -53,7 +56,7 @@ def check_master(master: str) -> None:
     for where in master[len("spark://"):].split(","):
         host, _, port = where.rpartition(":")
         if not host or not port.isdigit():
-            raise ToolkitError(f"--master {master}: expected spark://HOST:PORT (the master's, 7077 unless it was "
+            raise ToolkitError(f"{flag}{master}: expected spark://HOST:PORT (the master's, 7077 unless it was "
                                "started with another --port), local[N], or another URL Spark takes")
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
@@ -61,23 +64,23 @@ def check_master(master: str) -> None:
         except OSError as exc:
             said = exc.strerror or str(exc)
     if not answered:
-        raise ToolkitError(f"--master {master}: no Spark master answers there ({said}); start one with "
+        raise ToolkitError(f"{flag}{master}: no Spark master answers there ({said}); start one with "
                            "`$SPARK_HOME/sbin/start-master.sh` (its log names the spark:// URL) and a worker, "
-                           "or drop --master for a local Spark (local[N])")
+                           f"or drop {flag.strip()} for a local Spark (local[N])")
 
 
 class Session:
     """A SparkSession for a job (or for `run`), its JVM's log in a file; `stop()` leaves no JVM behind."""
 
     def __init__(self, master: Optional[str], np: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-                 start_timeout: int = 60, name: str = "toolkit launch"):
+                 start_timeout: int = 60, name: str = "toolkit launch", flag: str = "--master "):
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
         cpus = max(1, math.ceil(cpus_per_worker))
         self.master = master or f"local[{np * cpus}]"
         if master:
-            check_master(master)
+            check_master(master, flag)
         conf = SparkConf(loadDefaults=False).setMaster(self.master).setAppName(name)
         conf.set("spark.ui.showConsoleProgress", "false")
         conf.set("spark.task.cpus", str(cpus))
@@ -106,8 +109,10 @@ class Session:
             raise
         except Exception as exc:
             self._end_jvm()
-            raise ToolkitError(f"launch: Spark did not start on --master {self.master}: {self._why(exc)}",
-                               code=1) from None
+            raise ToolkitError(f"launch: Spark did not start ({self.master}): {self._why(exc)}", code=1) from None
+        except BaseException:       # stopped while it started
+            self.stop(at_once=True)
+            raise
         finally:
             if python is None:
                 os.environ.pop("PYSPARK_PYTHON", None)
@@ -123,8 +128,11 @@ class Session:
             raise ToolkitError("launch: Spark needs Java 17 or newer and none is on PATH (nor JAVA_HOME); "
                                "`toolkit setup --engines spark` installs it (Debian's openjdk-17-jre-headless)")
         fd, self.log_path = tempfile.mkstemp(prefix="toolkit-spark-", suffix=".log")
+        # In a session of its own: a SIGTERM to the driver's group (`--timeout`) lets the driver stop the
+        # workers through it and end; a driver that is killed closes the JVM's stdin, and it exits.
         with os.fdopen(fd, "w") as log:
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": subprocess.STDOUT})
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": subprocess.STDOUT,
+                                                         "start_new_session": True})
         self.proc = gateway.proc
         return gateway
 
@@ -139,38 +147,75 @@ class Session:
             said = last_line(exc)
         return said + (f" (Spark's log: {self.log_path})" if self.log_path else "")
 
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.spark.stop()
-        self._end_jvm()
+    def abandon(self) -> None:
+        """The driver is being stopped (and may be killed before it can wait for anything): the JVM is told to
+        end (its shutdown hook stops the application; it also ends when this process's pipe to it closes),
+        its log goes."""
+        if self.made_jvm and self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.terminate()
         if self.log_path:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
 
-    def _end_jvm(self) -> None:
+    def stop(self, at_once: bool = False) -> None:
+        """Stop the application and end its JVM; `at_once` (the driver was stopped, its JVM maybe in the middle
+        of a call): end the JVM without asking it (its shutdown hook still stops the application)."""
+        if at_once and self.made_jvm and self.proc is not None:
+            self.proc.terminate()
+        else:
+            with contextlib.suppress(Exception):
+                self.spark.stop()
+        self._end_jvm(at_once)
+        if self.log_path:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
+
+    def _end_jvm(self, at_once: bool = False) -> None:
         """The JVM this session started ends with it (it would at this process's exit, orphaned)."""
         if not self.made_jvm:
             return
         from pyspark import SparkContext
 
-        with contextlib.suppress(Exception):
-            SparkContext._gateway.shutdown()
+        if not at_once:
+            with contextlib.suppress(Exception):
+                SparkContext._gateway.shutdown()
         SparkContext._gateway = SparkContext._jvm = None
         if self.proc is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()         # the JVM exits on EOF
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=3 if at_once else 20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
 
 
 def last_line(exc: BaseException) -> str:
-    """The line of a (Py4J, PySpark) exception that says what went wrong: its last `SomethingError: ...`."""
-    lines = [t.strip() for t in str(exc).splitlines() if t.strip()]
-    said = [t for t in lines if re.match(r"^[\w.]*(Error|Exception)\b", t)]
-    return (said[-1] if said else lines[-1] if lines else type(exc).__name__)[:400]
+    """The line of an exception (Python's, or Py4J's with Spark's and the JVM's stack in it) that says what
+    went wrong: a Python `SomethingError: ...` in it (a task's own), else Spark's reason for the failed task,
+    else its first line."""
+    text = str(exc)
+    lines = [t.strip() for t in text.splitlines() if t.strip()]
+    python = [t for t in lines if re.match(r"^[A-Za-z_]\w*(Error|Exception|Exit|Interrupt)\b", t)]
+    if python:
+        said = python[-1]
+    elif m := re.search(r"most recent failure: Lost task [^\n]*?\): ([^\n]+)", text):
+        said = m.group(1)
+    elif m := re.search(r"^: [\w.$]+: ([^\n]+)", text, re.M):        # Py4JJavaError: the JVM's exception
+        said = m.group(1)
+    else:
+        said = lines[0] if lines else type(exc).__name__
+    return said[:400]
+
+
+def spark_error(caught: list) -> Optional[BaseException]:
+    """Of the exceptions Horovod's threads died with, the one that says why the Spark job failed: Spark's
+    report of a failed task, else Spark's own (not its cancelling the job after), else the last."""
+    def rank(c):
+        return ("most recent failure" in str(c),
+                type(c).__module__.startswith(("py4j", "pyspark")) and "cancelled" not in str(c))
+    return max(reversed(caught), key=rank) if caught else None
 
 
 # ------------------------------------------------------------------------------------- the workers' lines
@@ -263,8 +308,11 @@ def _run_reaped(command, env, cwd, rank: int) -> int:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)      # PR_SET_CHILD_SUBREAPER (Linux)
 
-    def stopped(signum, frame):
+    def stopped(signum, frame):         # the driver's stop (--timeout), torchrun's after another rank failed
         _kill_descendants()
+        with contextlib.suppress(Exception):
+            sys.stderr.write(FAILED.format(rank=rank, code=128 + signum) + "\n")
+            sys.stderr.flush()
         os._exit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
@@ -297,7 +345,7 @@ def _horovod_failed(exc: BaseException, caught: list, master: str, np: int, star
                             f"{master}): the cluster has too few free cores for them; lower {flags[0].format('').strip()}, "
                             f"add workers, or raise {flags[1].format('').strip()}", code=1)
     if said.startswith("Spark job has failed"):
-        why = last_line(caught[-1]) if caught else "see the Spark application's log"
+        why = last_line(spark_error(caught)) if caught else "see the Spark application's log"
         if "No module named" in why:
             from pyspark import SparkContext
             python = getattr(SparkContext._active_spark_context, "pythonExec", None) or sys.executable
@@ -306,6 +354,17 @@ def _horovod_failed(exc: BaseException, caught: list, master: str, np: int, star
     if said.startswith("Horovod detected that one or more processes exited"):
         return None
     return ToolkitError(f"{flags[2]}: horovod.spark.run failed: {last_line(exc)}", code=1)
+
+
+def _lost(exc: BaseException, caught: list) -> ToolkitError:
+    """A worker that ended without its command's code (its Spark task, executor or node was lost)."""
+    m = re.search(r"Process name: (\S+)\s+Exit code: (\S+)", str(exc))
+    who = f"worker {m.group(1)}" if m else "a worker"
+    error = spark_error(caught)
+    why = last_line(error) if error is not None and "most recent failure" in str(error) else \
+        "its Spark task, executor or node went away"
+    return ToolkitError(f"launch: {who} was lost ({why}); the job stopped: Spark runs no elastic jobs, the same "
+                        "command with --resume continues from the last checkpoint", code=1)
 
 
 def _horovod(spec: LaunchSpec, env: dict, cwd: str, session: Session) -> int:
@@ -319,12 +378,16 @@ def _horovod(spec: LaunchSpec, env: dict, cwd: str, session: Session) -> int:
             horovod.spark.run(_command_in_worker, args=(list(spec.command), env, cwd), num_proc=spec.np,
                               start_timeout=spec.start_timeout, use_gloo=True, stdout=out, stderr=err, verbose=0)
         except Exception as exc:
-            out.close(), err.close()
+            out.close()
+            err.close()
+            if horovod_spark.stopped():         # --timeout: `toolkit launch` says so itself
+                return 128 + 15
             if failed := err.failed():
                 return exit_line(*failed)
             raise (_horovod_failed(exc, caught, f"--master {session.master}", spec.np, spec.start_timeout) or
-                   ToolkitError(f"launch: a Horovod worker failed: {last_line(exc)}", code=1)) from None
-    out.close(), err.close()
+                   _lost(exc, caught)) from None
+    out.close()
+    err.close()
     return 0
 
 
@@ -418,16 +481,41 @@ def _failed_in(text: str) -> Optional[tuple[int, int]]:
 
 
 # ------------------------------------------------------------------------------------------------ entries
+class _Stopped(BaseException):
+    """SIGTERM to the driver (`toolkit launch --timeout` stops the driver's group)."""
+
+
 def job(spec: LaunchSpec) -> int:
-    """The driver's whole job for `spec`; the job's exit code."""
+    """The driver's whole job for `spec`; the job's exit code. Stopped (SIGTERM), it stops the Spark
+    application, its tasks and their commands, removes its log and exits 143 without a line of its own
+    (`toolkit launch` says why it stopped the job); Horovod's launcher takes SIGTERM while it runs."""
+    import signal
+
     env, cwd = engines.passed_env(spec), os.getcwd()
-    session = Session(spec.master, spec.np, spec.cpus_per_worker, spec.gpus_per_worker, spec.start_timeout)
+    session, stopping = None, []
+
+    def stop(signum, frame):
+        # the JVM first: pyspark's TorchDistributor waits for its tasks' log connections before it lets go
+        stopping.append(signum)
+        logging.disable(logging.CRITICAL)       # not py4j's report of each call the JVM's end cut short
+        if session is not None:
+            session.abandon()
+        raise _Stopped()
+
+    signal.signal(signal.SIGTERM, stop)
     try:
+        session = Session(spec.master, spec.np, spec.cpus_per_worker, spec.gpus_per_worker, spec.start_timeout)
         if spec.backend == "native":
             return _native(spec, env, cwd, session)
         return _horovod(spec, env, cwd, session)
+    except BaseException:
+        if stopping:        # whatever the stop made of it (a call into the JVM that went away)
+            return 128 + signal.SIGTERM
+        raise
     finally:
-        session.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # the group's SIGKILL comes 5 s after its SIGTERM
+        if session is not None:
+            session.stop(at_once=bool(stopping))
 
 
 class _Tagged:
@@ -457,7 +545,8 @@ def _call(fn: Callable[[Any], Any], config: Any) -> Any:
     try:
         return fn(config)
     finally:
-        sys.stdout.flush(), sys.stderr.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def run(fn: Callable[[Any], Any], config: Any = None, *, np: int = 2, master: Optional[str] = None,
@@ -468,16 +557,19 @@ def run(fn: Callable[[Any], Any], config: Any = None, *, np: int = 2, master: Op
     from toolkit.shims import horovod_spark
     horovod_spark.apply()
     import horovod.spark
+    import signal
     from pyspark import SparkContext
 
-    session = None
-    if spark is None:
-        session = Session(master, np, start_timeout=start_timeout, name="toolkit.spark.run")
-    elif SparkContext._active_spark_context is None:
+    if spark is not None and SparkContext._active_spark_context is None:
         raise ToolkitError("toolkit.spark.run: spark= must be a running classic SparkSession (not Spark Connect's), "
                            "or give master= instead")
-    out, err = Lines(sys.stdout), Lines(sys.stderr)
+    # Horovod's launcher takes SIGINT and SIGTERM for its own stop and keeps them, as pyspark's SparkContext
+    # keeps its SIGINT handler: the caller's come back after
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    session, out, err = None, Lines(sys.stdout), Lines(sys.stderr)
     try:
+        if spark is None:
+            session = Session(master, np, start_timeout=start_timeout, name="toolkit.spark.run", flag="master=")
         with quiet_threads() as caught:
             try:
                 return horovod.spark.run(_call, args=(fn, config), num_proc=np, start_timeout=start_timeout,
@@ -490,9 +582,13 @@ def run(fn: Callable[[Any], Any], config: Any = None, *, np: int = 2, master: Op
                     raise           # a worker failed: Horovod's error names its rank and exit code
                 raise error from None
     finally:
-        out.close(), err.close()
+        out.close()
+        err.close()
         if session is not None:
             session.stop()
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
 
 if __name__ == "__main__":     # by its own name, so the workers unpickle the functions by reference
