@@ -139,7 +139,8 @@ def is_local(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", socket.gethostname())
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` ("": on every interface, for ranks on other nodes)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 from toolkit.errors import ToolkitError
 from toolkit.launch import engines
+from toolkit.launch.hosts import free_port
 from toolkit.launch.launcher import LaunchSpec
 
 EXIT = engines.EXIT
@@ -186,12 +187,6 @@ def _elastic(spec: LaunchSpec, env: dict, cwd: str) -> int:
     return bad
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _native_in_worker(config: dict) -> None:
     """In a Ray Train worker: the command as a torchrun rank (RANK, WORLD_SIZE, ..., a new MASTER_PORT)."""
     import ray
@@ -199,7 +194,7 @@ def _native_in_worker(config: dict) -> None:
     import torch.distributed as dist
 
     ctx = ray.train.get_context()
-    where = [(ray.util.get_node_ip_address(), _free_port())] if ctx.get_world_rank() == 0 else [None]
+    where = [(ray.util.get_node_ip_address(), free_port(""))] if ctx.get_world_rank() == 0 else [None]
     dist.broadcast_object_list(where, src=0)     # Ray Train's own group, then closed: the command makes its own
     dist.destroy_process_group()
     addr, port = where[0]

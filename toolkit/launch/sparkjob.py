@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 from toolkit.errors import ToolkitError
 from toolkit.launch import engines
+from toolkit.launch.hosts import free_port
 from toolkit.launch.launcher import LaunchSpec
 
 FAILED = "toolkit-command-failed rank={rank} code={code}"      # a worker's note to this driver, not shown
@@ -392,12 +393,6 @@ def _horovod(spec: LaunchSpec, env: dict, cwd: str, session: Session) -> int:
 
 
 # ---------------------------------------------------------------------------------- the native backend
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _torch_env(timeout: float, per_task: bool) -> tuple[dict, Any]:
     """In a TorchDistributor worker: the command's torch variables, as torchrun's own ranks have them.
 
@@ -416,7 +411,7 @@ def _torch_env(timeout: float, per_task: bool) -> tuple[dict, Any]:
     store = TCPStore(addr, int(os.environ["MASTER_PORT"]), size, is_master=rank == 0 and not agent,
                      timeout=timedelta(seconds=timeout), wait_for_workers=False)
     if rank == 0:
-        store.set("toolkit.spark/port", str(_free_port()))
+        store.set("toolkit.spark/port", str(free_port("")))
     store.set(f"toolkit.spark/host/{rank}", socket.gethostname())
     keys = [f"toolkit.spark/host/{r}" for r in range(size)]
     store.wait(keys + ["toolkit.spark/port"])
