@@ -26,7 +26,8 @@ from .values import _TRUE, _base_type, _coerce, flatten_groups, origins_named
 
 ENV_PREFIX = "TOOLKIT_"
 # TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
-ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_REQUIRE_MULTIHOST"})
+ENV_RESERVED = frozenset({"TOOLKIT_CACHE_DIR", "TOOLKIT_REQUIRE_GPU", "TOOLKIT_REQUIRE_MULTIHOST",
+                          "TOOLKIT_REQUIRE_ENGINES"})
 
 
 def read_yaml(path: str | os.PathLike, spelled: Optional[dict] = None) -> dict[str, Any]:
