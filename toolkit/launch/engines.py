@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +33,19 @@ from toolkit.launch.processes import run_relayed
 
 DRIVERS = {"ray": "toolkit.launch.rayjob", "spark": "toolkit.launch.sparkjob"}
 EXIT = "toolkit: launch: worker {rank} exited with code {code}"   # a driver's report; output.py holds it back as horovodrun's
+# A worker's note to its driver that its command failed (in an exception or a log line; never shown).
+FAILED = "toolkit-command-failed rank={rank} code={code}"
+FAILED_NOTE = re.compile(r"toolkit-command-failed rank=(\d+) code=(\d+)")
+
+
+def unanswered(host: str, port: int) -> str | None:
+    """None when something accepts a TCP connection at host:port within 5 s, else why not (the engines'
+    own clients retry a dead address for a minute or for ever: the drivers look first)."""
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=5).close()
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def spec_json(spec: LaunchSpec) -> str:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -33,7 +31,7 @@ from toolkit.launch.hosts import free_port
 from toolkit.launch.launcher import LaunchSpec
 
 EXIT = engines.EXIT
-FAILED = re.compile(r"toolkit-command-failed rank=(\d+) code=(\d+)")
+
 
 
 def connect(address: Optional[str], np: int = 1, cpus_per_worker: float = 1) -> None:
@@ -66,11 +64,9 @@ def _reachable(address: str) -> None:
     if not host or not port.isdigit():
         raise ToolkitError(f"--address {address}: expected HOST:PORT (the head's GCS, 6379 unless `ray start` "
                            "was given another --port) or auto")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise ToolkitError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
-                           "with `ray start --head` (it prints the address), or drop --address for a local Ray") from None
+    if said := engines.unanswered(host, int(port)):
+        raise ToolkitError(f"--address {address}: no Ray cluster answers there ({said}); start one "
+                           "with `ray start --head` (it prints the address), or drop --address for a local Ray")
 
 
 def _cluster_check(np: int, cpus: float, gpus: float) -> None:
@@ -95,7 +91,7 @@ def _elastic_command_in_worker(command, env, cwd) -> int:
     failed (and replaces it) instead of finished."""
     code = _command_in_worker(command, env, cwd)
     if code:
-        raise RuntimeError(f"toolkit-command-failed rank={os.environ.get('HOROVOD_RANK', '?')} code={code}")
+        raise RuntimeError(engines.FAILED.format(rank=os.environ.get("HOROVOD_RANK", "?"), code=code))
     return code
 
 
@@ -153,7 +149,7 @@ class _WorkerFailed(logging.Filter):
     """Horovod's elastic driver logs a failed worker's whole traceback; say it in one line instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if m := FAILED.search(record.getMessage()):
+        if m := engines.FAILED_NOTE.search(record.getMessage()):
             print(f"toolkit: launch: worker {m.group(1)} exited with code {m.group(2)}; the elastic job goes on "
                   "without it and Ray starts a new one when it has room", file=sys.stderr, flush=True)
             return False
@@ -204,7 +200,7 @@ def _native_in_worker(config: dict) -> None:
                GROUP_RANK=str(ctx.get_node_rank()), MASTER_ADDR=addr, MASTER_PORT=str(port))
     code = engines.run_command(config["command"], env, config["cwd"], rank)
     if code:
-        raise RuntimeError(f"toolkit-command-failed rank={rank} code={code}")
+        raise RuntimeError(engines.FAILED.format(rank=rank, code=code))
 
 
 def _native(spec: LaunchSpec, env: dict, cwd: str) -> int:
@@ -222,7 +218,7 @@ def _native(spec: LaunchSpec, env: dict, cwd: str) -> int:
     try:
         trainer.fit()
     except Exception as exc:
-        if m := FAILED.search(str(exc)):
+        if m := engines.FAILED_NOTE.search(str(exc)):
             print(EXIT.format(rank=m.group(1), code=m.group(2)), file=sys.stderr, flush=True)
             return int(m.group(2))
         said = [t for t in str(exc).strip().splitlines() if t.strip()]

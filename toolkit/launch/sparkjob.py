@@ -41,8 +41,7 @@ from toolkit.launch import engines
 from toolkit.launch.hosts import free_port
 from toolkit.launch.launcher import LaunchSpec
 
-FAILED = "toolkit-command-failed rank={rank} code={code}"      # a worker's note to this driver, not shown
-FAILED_LINE = re.compile(r"toolkit-command-failed rank=(\d+) code=(\d+)")
+FAILED, FAILED_LINE = engines.FAILED, engines.FAILED_NOTE        # a worker's note to this driver, not shown
 TASK_TAG = re.compile(r"^\[\d+\]<std(?:out|err)>:")            # Horovod's tag: the Spark task's index
 RANK_TAG = re.compile(r"^\[\d+\]<(std(?:out|err))>:")
 BARRIER_CHECK_S = 5         # --native: how often Spark looks again for slots for every worker
@@ -59,11 +58,8 @@ def check_master(master: str, flag: str = "--master ") -> None:
         if not host or not port.isdigit():
             raise ToolkitError(f"{flag}{master}: expected spark://HOST:PORT (the master's, 7077 unless it was "
                                "started with another --port), local[N], or another URL Spark takes")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-            answered = True
-        except OSError as exc:
-            said = exc.strerror or str(exc)
+        why = engines.unanswered(host, int(port))
+        answered, said = answered or why is None, why or said
     if not answered:
         raise ToolkitError(f"{flag}{master}: no Spark master answers there ({said}); start one with "
                            "`$SPARK_HOME/sbin/start-master.sh` (its log names the spark:// URL) and a worker, "
