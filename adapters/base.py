@@ -27,45 +27,30 @@ config resolves.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from toolkit import messages
-from toolkit.exchange import numerics
-from toolkit.run import checkpoint, preemption, schedule
+from toolkit.run import preemption, schedule
+from toolkit.adapters.checkpointer import Checkpointer
 from toolkit.adapters.framework import TensorWork
-from toolkit.adapters.loader import ForeignLoader, ForeignSampler, Loader, StreamLoader
+from toolkit.adapters.guard import NanGuard
+from toolkit.adapters.parts import Part, on_part, part_of
+from toolkit.data.loader import ForeignLoader, ForeignSampler, Loader, StreamLoader
 from toolkit.adapters.topology import Topology, digest
-from toolkit.run.data import Sampler, leading_size
-from toolkit.run.streams import ShardSource
+from toolkit.data.batch import leading_size
+from toolkit.data.sampler import Sampler
+from toolkit.data.streams import ShardSource
 from toolkit.errors import ToolkitError
 
 __all__ = ["Loader", "Part", "Session", "Topology", "digest"]
 
 
-@dataclass
-class Part:
-    """One model a session trains, with its optimizer, loss and the object that moves its gradients.
-    A session has one per setup() call (several where the framework allows: a GAN's generator and
-    discriminator); the verbs act on the part being set up or stepped, else on the first."""
-    model: Any = None
-    optimizer: Any = None
-    loss_fn: Any = None
-    communication: Any = None       # toolkit.exchange.communication.Communication, made by setup()
-
-
-def _on_part(name: str):
-    """A session attribute that is the active part's."""
-    return property(lambda self: getattr(self._part, name), lambda self, value: setattr(self._part, name, value))
-
-
 class Session(TensorWork):
     name: str                       # the framework
-    model = _on_part("model")
-    optimizer = _on_part("optimizer")
-    loss_fn = _on_part("loss_fn")
-    communication = _on_part("communication")
+    model = on_part("model")
+    optimizer = on_part("optimizer")
+    loss_fn = on_part("loss_fn")
+    communication = on_part("communication")
 
     def __init__(self, config, strategy):
         self.config = config
@@ -73,17 +58,19 @@ class Session(TensorWork):
         self.precision = None       # adapters/<framework>/precision.py, made by start()
         self.parts: list[Part] = []     # one per setup() call
         self._part = Part()             # the one the verbs act on (the first, outside setup and step)
-        self.topology: Topology | None = None
+        self.topology: Topology = None    # type: ignore[assignment]  # set by start(), before any verb
         self.loaders: list[Loader] = []
         self.micro = 0              # micro-batches since the last optimizer step (accumulation)
         self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
         self.grad_norm = None       # the last step's reduced gradient norm, before clipping (where measured)
         self.step_loss = None       # the last step's loss averaged over the ranks (nan_guard, Horovod's paths)
-        self._unchecked = None      # nan_guard: the last step's (step, value, what), checked one step late
+        self.guard = NanGuard(self, self._drain)    # nan_guard, checked one step late (adapters/guard.py)
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
         self.local_digests: list[str] = []
         self._metrics = None
+        # save() and load(), with this framework's files (adapters/checkpointer.py)
+        self.checkpoints = Checkpointer(self, self._gather_objects, self._save_objects, self._load_objects)
 
     # -- start --------------------------------------------------------------------------------------
     @classmethod
@@ -144,8 +131,7 @@ class Session(TensorWork):
     def scope(self):
         """Where a model must be created (TensorFlow's strategy scope under backend native);
         elsewhere it does nothing: `with session.scope(): model = build()` works everywhere."""
-        import contextlib
-        return contextlib.nullcontext()
+        return self.strategy.scope()
 
     # -- the user's objects ---------------------------------------------------------------------------
     def setup(self, model, optimizer=None, loss=None):
@@ -180,14 +166,15 @@ class Session(TensorWork):
     several_models = False      # whether setup() takes a second model (the framework's session says)
 
     def _refuse_another_model(self) -> None:
-        c = self.config
         if not self.several_models:
             raise ToolkitError(f"session.setup() was called twice: several models in one session are supported on "
                                f"torch; on {self.name} one session trains one model (combine them in one model)")
-        if c.toolkit_exchange or c.elastic:
-            what = "elastic: true" if c.elastic else f"compression={c.compression.value}, sync={c.sync.value}"
-            raise ToolkitError(f"session.setup() of a second model with {what}: several models train on Horovod's "
-                               "own reduce only (compression none/fp16, sync every_step, elastic false)")
+        self.strategy.check_another_model()
+
+    @property
+    def part(self) -> Part:
+        """The part the verbs act on now (the one being set up or stepped, else the first)."""
+        return self._part
 
     @property
     def part_index(self) -> int:
@@ -203,19 +190,6 @@ class Session(TensorWork):
         finally:
             self._part = previous
 
-    def _part_of(self, optimizer) -> Part:
-        """The part whose optimizer is `optimizer` (what setup() returned); None: the only one."""
-        if optimizer is None:
-            if len(self.parts) > 1:
-                raise ToolkitError(f"session.step(): this session has {len(self.parts)} optimizers; name the one "
-                                   "to step: session.step(optimizer)")
-            return self._part
-        for part in self.parts:
-            if part.optimizer is optimizer:
-                return part
-        raise ToolkitError("session.step(optimizer): not an optimizer session.setup() returned; step the one "
-                           "setup() gave back")
-
     def loader(self, data, batch_size: int | None = None, shuffle: bool = True, train: bool = True,
                shard: bool = True, **reader) -> Loader:
         """This rank's share of `data`, in micro-batches of `batch_size` (default: the config's) on this
@@ -225,7 +199,7 @@ class Session(TensorWork):
         (torch's DataLoader: `collate_fn`, ...; Gluon's: `batchify_fn`). `train=False`: in order,
         every sample once across the ranks, nothing dropped (evaluation). `shard=False`: every
         sample on this rank (one rank's own evaluation, with `evaluate(collective=False)`)."""
-        world, mine = (self.world_size, self._my_replicas()) if shard else (1, range(1))
+        world, mine = (self.world_size, self.my_replicas()) if shard else (1, range(1))
         if isinstance(data, ShardSource):
             return self._stream_loader(data, batch_size, shuffle, train, world, mine, reader)
         if self._is_stream(data):
@@ -245,14 +219,14 @@ class Session(TensorWork):
         return loader
 
     def _stream_loader(self, source, batch_size, shuffle, train, world, mine, reader) -> StreamLoader:
-        """A loader of shards (toolkit/run/streams.py), read by adapters/<framework>/shards.py."""
+        """A loader of shards (toolkit/data/streams.py), read by adapters/<framework>/shards.py."""
         if reader:
             raise ToolkitError(f"session.loader(shards, {', '.join(reader)}=...): shards are read by the toolkit's "
                                "reader; set loader_workers in the config for more decoding processes")
-        import importlib
+        from toolkit import registry
         from toolkit.config import unset_default
-        from toolkit.run.streams import StreamSampler
-        reader_module = importlib.import_module(f"toolkit.adapters.{self.config.framework}.shards")
+        from toolkit.data.stream_sampler import StreamSampler
+        reader_module = registry.reader(self.config.framework, "shards")
         sampler = StreamSampler([s.samples for s in source.shards], batch_size or self.config.batch_size,
                                 self.config.accumulation_steps if train else 1, world, mine, self.config.seed,
                                 train=train, shuffle=shuffle)
@@ -264,7 +238,8 @@ class Session(TensorWork):
             self.loaders.append(loader)
         return loader
 
-    def _my_replicas(self) -> range:
+    def my_replicas(self) -> range:
+        """The data-parallel replicas this process trains (one under Horovod; several under a mirrored strategy)."""
         return range(self.rank * self.replicas, (self.rank + 1) * self.replicas)
 
     # -- the step -------------------------------------------------------------------------------------
@@ -274,28 +249,46 @@ class Session(TensorWork):
         Returns whether this call stepped. With several models, `optimizer` (one setup() returned)
         says which steps; the gradients this backward gave the other models are dropped (as each
         model's own zero_grad() before its step drops them in a plain loop)."""
-        part = self._part_of(optimizer)
+        part = part_of(self.parts, self._part, optimizer)
         if self.micro == 0:
             raise ToolkitError("session.step() without a session.backward(loss) before it")
         if self.micro < self.config.accumulation_steps:
             return False
         with self._using(part):
-            self.communication.finish_step(self.global_step)
+            self._finish_step(None)
         for other in self.parts:
             if other is not part:
                 with self._using(other):
                     self.strategy.discard(self)
         self.micro = 0
         self.global_step += 1
-        self._guard(None)
+        self.guard.after_step(None)
         return True
 
     def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
         """One optimizer step on `accumulation_steps` micro-batches `(x, y)` with the setup model
         and loss: the local mean loss (a host value; the built-in trainer's step)."""
-        loss = self.communication.step(batches, self.global_step)
+        loss = self._finish_step(batches)
         self.global_step += 1
-        self._guard(loss)
+        self.guard.after_step(loss)
+        return loss
+
+    def _finish_step(self, batches):
+        """One optimizer step's reduce and update, by the way the strategy chose once (its `exchange`):
+        its own reduce (`_train_step` on `batches`, or `_apply_step` after the user's backward passes,
+        `batches` None), or the toolkit's exchange of this rank's gradients. The local mean loss of
+        `batches` (None after the user's backward passes)."""
+        comm = self.communication
+        if not comm.toolkit:
+            comm.count_backend_step()
+            if batches is None:
+                self._apply_step()
+                return None
+            return self._train_step(batches)
+        loss, grads = self.local_gradients(batches)
+        norm = comm.exchange_and_apply(grads, self.global_step)
+        if norm is not None:
+            self.grad_norm = norm
         return loss
 
     @property
@@ -308,43 +301,6 @@ class Session(TensorWork):
         """Whether a step also averages its loss over the ranks, in Horovod's cycle beside the
         gradients (nan_guard: one value every rank agrees on, so every rank stops at the same step)."""
         return self.config.nan_guard
-
-    def _guard(self, loss) -> None:
-        """nan_guard (toolkit/exchange/numerics.py): the step's reduced gradient norm where it was measured,
-        else its loss averaged over the ranks, else (paths that reduce inside a framework's own
-        optimizer) this rank's loss, must be finite. Checked one step late, so reading it back does
-        not stall the device (or MXNet's engine) on the step just queued; `_check_pending` settles
-        the last one before anything is evaluated or saved."""
-        if self.step_skipped:       # fp16 loss scaling: an overflow is skipped on every rank, not an error
-            self.skipped_steps += 1
-            self.step_skipped = False
-            return
-        if not self.config.nan_guard:
-            return
-        if self.grad_norm is not None:
-            item = (self.global_step, self.grad_norm, "reduced gradient norm")
-        elif self.step_loss is not None:
-            item = (self.global_step, self.step_loss, "loss (averaged over the ranks)")
-        elif loss is not None:
-            item = (self.global_step, loss, "loss")
-        else:
-            return
-        previous, self._unchecked = self._unchecked, item
-        if previous is not None:
-            self._check(*previous)
-
-    def _check_pending(self) -> None:
-        """The last step's guard check, before its weights are evaluated, saved or compared."""
-        if self._unchecked is not None:
-            item, self._unchecked = self._unchecked, None
-            self._check(*item)
-
-    def _check(self, step: int, value, what: str) -> None:
-        try:
-            numerics.check(step, self.to_float(value), what)
-        except ToolkitError:
-            self._drain()      # every rank stops here: let the step already queued finish on all of them
-            raise
 
     def autocast(self):
         """A context for the forward pass in the config's precision (torch: torch.autocast; Keras:
@@ -414,7 +370,7 @@ class Session(TensorWork):
         also run by evaluate(), save() and check_replicas(), so replicas end identical). Settles
         the NaN guard's last check first: nothing is measured or saved from a broken step."""
         import numpy as np
-        self._check_pending()
+        self.guard.settle()
         if self.size == 1:
             return
         for i, part in enumerate(self.parts or [self._part]):
@@ -475,21 +431,7 @@ class Session(TensorWork):
         residuals and `progress` (JSON values, e.g. epoch=3), as `ckpt-<step>/` in `directory`
         (default: checkpoint_dir): written by rank 0 atomically with a sha256 of every file; the
         last keep_checkpoints are kept. A collective: every rank calls it."""
-        directory = directory or self.config.checkpoint_dir
-        if not directory:
-            raise ToolkitError("session.save(): no folder; pass one or set checkpoint_dir")
-        if self.micro:
-            raise ToolkitError("session.save() between the micro-batches of one step; save after session.step() "
-                               "has stepped")
-        self.sync_buffers()
-        comm_state = self.communication.gather_state()       # a collective: every rank takes part
-        self._gather_objects()                                  # a collective where the state is sharded
-        meta = {**progress, "loaders": [loader.state_dict() for loader in self.loaders]}
-        return self.on_main(lambda: checkpoint.save(directory, self.global_step, meta,
-                                                    lambda folder: (self._save_objects(folder),
-                                                                    self.communication.write(folder, comm_state)),
-                                                    keep=self.config.keep_checkpoints),
-                            name="toolkit.checkpoint_error")
+        return self.checkpoints.save(directory, progress)
 
     def on_main(self, action, name: str):
         """`action()` on rank 0 alone; its one-line ToolkitError (a folder it cannot write) stops every
@@ -513,42 +455,7 @@ class Session(TensorWork):
         returns the saved progress (`step`, and what save() was given). A bad checkpoint stops every
         rank with the same one line. Elastic training (`collective=False`) runs no collective
         before hvd.elastic.run: rank 0 loads alone and the elastic state's sync shares it."""
-        directory = directory or self.config.checkpoint_dir
-        outcome = {}
-        if self.is_main:
-            try:
-                path, meta = checkpoint.latest(directory)
-                try:
-                    self._load_objects(path)
-                    saved_comm = self.communication.read(path)
-                except Exception as e:  # the framework's own reader failed: name the file, not a traceback
-                    raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
-                                       f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
-                                       f"folder to resume from the one before") from None
-                outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
-            except ToolkitError as e:
-                if not collective:
-                    raise
-                outcome = {"error": str(e)}
-        if collective:
-            outcome = self.broadcast_object(outcome, name="toolkit.resume")
-            if "error" in outcome:
-                raise ToolkitError(outcome["error"])
-            self.broadcast()
-            note = self.communication.load(outcome["communication"])
-            if note:
-                self._say(f"warning: {note}")
-        elif not self.is_main:
-            return {}
-        meta = outcome["meta"]
-        for loader, state in zip(self.loaders, meta.get("loaders", [])):
-            loader.load_state_dict(state)
-        self.global_step = int(meta["step"])
-        self._say(f"resumed from {outcome['path']} (step {meta['step']})")
-        return meta
-
-    def _say(self, message: str) -> None:
-        messages.say(self.rank, message, self.config.quiet)
+        return self.checkpoints.load(directory, collective)
 
     # -- collectives: the strategy's ------------------------------------------------------------------
     # Object collectives always carry a name: Horovod names them after type(obj) unless told, and

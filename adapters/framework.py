@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from toolkit.adapters.topology import Topology
-from toolkit.run.data import arrays_length, map_structure
+from toolkit.data.batch import arrays_length, map_structure
 from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.adapters.strategy import Strategy
+    from toolkit.config import Config
 
 
 # The readers' options that choose which samples form a batch: the session's sampler decides that.
@@ -21,8 +26,8 @@ _SESSIONS_OWN = {"batch_size", "shuffle", "sampler", "batch_sampler", "last_batc
 
 
 class TensorWork(abc.ABC):
-    config: object
-    strategy: object
+    config: Config
+    strategy: Strategy
 
     def _drain(self) -> None:
         """Wait for the framework's queued work (MXNet's engine runs asynchronously)."""

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from toolkit.adapters.strategy import Strategy
-from toolkit.build import support
+from toolkit.install import support
 from toolkit.errors import ToolkitError
-from toolkit.launch.launcher import tuning_env
+from toolkit.launch.tuning import tuning_env
 
 
 def import_horovod(module: str, framework: str):
@@ -41,7 +41,7 @@ CPU_FUSION_THRESHOLD_MB = 4
 def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
     """Fusion threshold, cycle time, timeline and stall check from the config, set before
     `hvd.init()` reads them (Horovod's own environment variables, written by the same
-    `toolkit.launch.launcher.tuning_env` as `toolkit launch`'s flags, so both agree).
+    `toolkit.launch.tuning.tuning_env` as `toolkit launch`'s flags, so both agree).
     `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
     fusion_mb = config.fusion_threshold_mb
     if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
@@ -121,6 +121,15 @@ def reduction(hvd, config):
     return compression, {Op.AVERAGE: hvd.Average, Op.SUM: hvd.Sum, Op.ADASUM: getattr(hvd, "Adasum", None)}[config.op]
 
 
+def allreduce_gradients(hvd, grads, op, compression) -> list:
+    """One allreduce per gradient, as Horovod's DistributedGradientTape does: Horovod fuses them in
+    its cycle, and each can start as soon as the backward pass has made its gradient. One grouped
+    allreduce (`hvd.grouped_allreduce`, used before) waits for every gradient first: on ResNet-50
+    (2 ranks, this CPU) it ran 0.95x the plain Horovod script, per tensor 0.995x (docs/BENCHMARKS.md).
+    (Adasum's grouped form also fails in Horovod 0.28.1: `UnboundLocalError: 'tensor'`.)"""
+    return [hvd.allreduce(g, op=op, compression=compression) for g in grads]
+
+
 class HorovodStrategy(Strategy):
     """Horovod's part of every framework's Horovod strategy; a subclass names its module and adds
     the framework's device, optimizer wrapping, broadcast and array collectives."""
@@ -156,6 +165,9 @@ class HorovodStrategy(Strategy):
     def elastic_run(self, func):
         """`func(state)` under Horovod elastic: the framework's `hvd.elastic.run`."""
         return self.hvd.elastic.run(func)
+
+    def elastic_rank(self) -> int:
+        return self.hvd.rank()
 
     def reduction(self):
         """(compression, op) of this framework's Horovod module for the config."""

@@ -1,13 +1,20 @@
 """A strategy: how gradients and state move between the ranks, decided once for a session.
 
 The session (adapters/base.py, the facade) does the tensor work of its framework; its strategy,
-chosen by the registry from (framework, backend), answers everything that crosses ranks:
+chosen by the registry from (framework, backend), answers everything that crosses ranks. This class
+declares every verb the facade, the sessions and the exchange call on a strategy (a default where a
+backend has nothing to do); a framework's strategies add that framework's own verbs in one base
+class each (torch: strategies/common.py `TorchStrategy`; TensorFlow: strategies/common.py
+`TensorflowStrategy`; MXNet: strategies/common.py `MxnetStrategy`).
 
-    start       init the ranks' group, pick this rank's device -> Topology
+    start       init the ranks' group, pick this rank's device -> Topology (restarted, refresh)
     wrap        the optimizer wrapped for the strategy's reduce (or left local for the toolkit's exchange)
     broadcast   rank `root`'s model and optimizer state to every rank
-    reduce      the step's gradients reduced (the facade calls it at its place in the step's order)
-    collectives allreduce / allgather of arrays, broadcast_object / allgather_object, join, elastic
+    the step    sync_gradients (accumulation) -> reduce_loss -> reduce -> (precision, clip) -> reduced:
+                the facade calls each at its place in the step's order (adapters/base.py `_reduce_and_apply`)
+    communication  the object that counts and, for the toolkit's exchange, moves a step's gradients
+    collectives allreduce / allgather / alltoall of arrays, broadcast_object / allgather_object, join,
+                elastic (elastic_run, elastic_rank, on_reset)
 
 Which path moves a step's gradients (the backend's own reduce, or the toolkit's exchange:
 compression, PowerSGD, DGC, local SGD, over the backend's collectives) is decided here, once
@@ -17,6 +24,7 @@ Adding a backend is one strategy module and one registry row (toolkit/registry.p
 from __future__ import annotations
 
 import abc
+import contextlib
 
 from toolkit.errors import ToolkitError
 
@@ -56,6 +64,15 @@ class Strategy(abc.ABC):
     def broadcast(self, session, root: int = 0) -> None:
         """Model (parameters and buffers) and optimizer state from rank `root` to every rank."""
 
+    def check_another_model(self) -> None:
+        """A second model in one session trains on the backend's own reduce only: refused in one line
+        where the toolkit's exchange or elastic training would move it."""
+        c = self.config
+        if c.toolkit_exchange or c.elastic:
+            what = "elastic: true" if c.elastic else f"compression={c.compression.value}, sync={c.sync.value}"
+            raise ToolkitError(f"session.setup() of a second model with {what}: several models train on Horovod's "
+                               "own reduce only (compression none/fp16, sync every_step, elastic false)")
+
     def communication(self, session):
         """The object that counts and (for the exchange) moves a step's gradients: toolkit/exchange/communication.py."""
         from toolkit.exchange import communication
@@ -65,6 +82,31 @@ class Strategy(abc.ABC):
         """Several models: the active one's gradients from a backward pass meant for another model
         are dropped when that one steps (reductions already under way finished first). Nothing to
         drop where the framework keeps no gradients between steps."""
+
+    def scope(self):
+        """Where a model must be created (TensorFlow's strategy scope); elsewhere nothing."""
+        return contextlib.nullcontext()
+
+    # -- the step, in the facade's order (adapters/base.py `_reduce_and_apply`) ---------------------------
+    def sync_gradients(self, session, on: bool) -> None:
+        """Accumulation: whether the coming micro-batch's backward pass reduces (the last one) or not;
+        nothing to say where the reduce runs at the step (Horovod's hooks count the passes themselves)."""
+
+    def reduce_loss(self, session, loss):
+        """nan_guard: start averaging the step's loss over the ranks beside the gradients; a handle for
+        `reduced_loss`, or None where there is nothing to average (one rank)."""
+        return None
+
+    def reduced_loss(self, session, pending, loss):
+        """The loss averaged over the ranks (the handle `reduce_loss` gave), or `loss` itself."""
+        return loss
+
+    def reduce(self, session) -> None:
+        """The step's gradients reduced over the ranks (nothing where the backward pass reduced them)."""
+
+    def reduced(self, session):
+        """A context for the optimizer's update after `reduce`, so it does not reduce a second time."""
+        return contextlib.nullcontext()
 
     # -- collectives ---------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -90,6 +132,10 @@ class Strategy(abc.ABC):
         raise self.refuse("join")
 
     def elastic_run(self, func):
+        raise self.refuse("elastic training")
+
+    def elastic_rank(self) -> int:
+        """This worker's rank now (elastic training renumbers the ranks as workers leave or join)."""
         raise self.refuse("elastic training")
 
     def on_reset(self, session) -> None:

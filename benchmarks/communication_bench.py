@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from toolkit.run.ondisk import digits_folder
+from toolkit.data.ondisk import digits_folder
 
 ROOT = common.ROOT
 

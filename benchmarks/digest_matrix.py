@@ -60,6 +60,10 @@ MATRIX = [
     ("torch native clip 0.5", "torchrun", 2, (*TORCH, "--backend", "native", "--clip-grad-norm", "0.5")),
     ("torch precision fp16", "gloo", 2, (*TORCH, "--precision", "fp16")),
     ("torch native precision fp16", "torchrun", 2, (*TORCH, "--backend", "native", "--precision", "fp16")),
+    # the toolkit's compressed allreduce (an alltoall, a reduce, an allgather) runs from 3 ranks on
+    ("torch compression int8", "gloo", 3, (*TORCH, "--compression", "int8")),
+    ("torch native compression int8", "torchrun", 3, (*TORCH, "--backend", "native", "--compression", "int8")),
+    ("mxnet compression int8", "gloo", 3, (*MX, "--compression", "int8")),
 ]
 
 

@@ -15,7 +15,7 @@ imagefolder:... OUT --framework F --shard-size N`: WebDataset tar, TFRecord, Rec
 - Loader alone: one `toolkit launch -np 2 --gloo` job per framework and source runs this module with
   `--worker`: every rank starts a session (`toolkit.start`, batch 32, image_size 32, augment on,
   `loader_workers` as given, 0 = read in the training process), builds the training loader of the
-  source as the trainer does (`toolkit.run.data.datasets(config, session).train`, `session.loader`)
+  source as the trainer does (`toolkit.data.datasets.datasets(config, session).train`, `session.loader`)
   and iterates whole epochs of it (decode + resize + augment + batch; MXNet's arrays waited for),
   each epoch timed from a barrier to its last batch. Both ranks load at once, so each rank's rate is
   measured while the other rank loads on the same host.
@@ -88,7 +88,7 @@ def worker(a) -> int:
     """One rank: `a.rounds` timed epochs of the training loader of `a.source`; rank 0 writes every
     rank's rates to `a.result`."""
     import toolkit
-    from toolkit.run.data import datasets
+    from toolkit.data.datasets import datasets
 
     session = toolkit.start(framework=a.worker, model="resnet18", dataset=a.source, batch_size=a.batch_size,
                             image_size=a.image_size, loader_workers=a.loader_workers, quiet=True)

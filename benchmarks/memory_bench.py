@@ -95,7 +95,7 @@ def worker(a) -> int:
                                  context=a.context, dataset="synthetic", optimizer="adam", lr=a.lr,
                                  batch_size=a.batch_size, quiet=True))
     rss_start = rss_now()
-    vocab = 256                 # the built-in datasets' byte tokens (toolkit/run/ondisk.py VOCAB)
+    vocab = 256                 # the built-in datasets' byte tokens (toolkit/data/ondisk.py VOCAB)
     rng = np.random.RandomState(1234)                      # the same batch in every mode
     n = a.batch_size * session.world_size
     tokens = rng.randint(0, vocab, (n, a.context + 1)).astype(np.int64)

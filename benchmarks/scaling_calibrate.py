@@ -7,7 +7,7 @@
    of the rounds): over Gloo and over MPI on loopback, and between the two namespace hosts of
    tests/netns_hosts.sh at 2, 3 and 4 ranks (hostA:1,hostB:1; hostA:2,hostB:1; hostA:2,hostB:2) with
    their veth link unshaped and shaped by `tc tbf` to each rate of --rates (sizes that would take
-   longer than about 3 s on the link are left out). toolkit.planner.scaling.fit gives alpha and bandwidth per
+   longer than about 3 s on the link are left out). toolkit.planner.calibration.fit gives alpha and bandwidth per
    link: runs/scaling/calibration-<link>.json, the `--calibration` file of `toolkit plan`.
 2. **Steps.** `toolkit bench` of an MLP (3 x 1024, 3.2M parameters, batch 64) at 2, 3 and 4 ranks
    across the namespace hosts at each --check-rates rate, for none / fp16 / topk / powersgd, against
@@ -33,7 +33,8 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks import common
-from toolkit.planner import scaling
+from toolkit.exchange import wire
+from toolkit.planner import calibration, scaling, units
 
 ROOT = common.ROOT
 
@@ -105,15 +106,15 @@ def time_collectives(n: int, controller: str, netns: Path | None, max_bytes: flo
 def fit_link(name: str, samples: list[dict], out: Path, shaped: bool = False) -> dict:
     """A token bucket passes its burst at the unshaped speed, which no alpha-beta link does: a shaped
     link is fitted on the messages larger than twice the burst (all are kept in the file)."""
-    objs = [scaling.Sample(**s) for s in samples if not shaped or s["nbytes"] > 2 * BURST]
-    link = scaling.fit(objs)
+    objs = [calibration.Sample(**s) for s in samples if not shaped or s["nbytes"] > 2 * BURST]
+    link = calibration.fit(objs)
     result = {"link": name, "inter": {"alpha": link.alpha, "bandwidth": link.bandwidth, "overhead": link.overhead},
-              "fit_error": scaling.fit_error(link, objs), "samples": samples,
+              "fit_error": calibration.fit_error(link, objs), "samples": samples,
               "measured": date.today().isoformat()}
     (out / f"calibration-{name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{name:24s} overhead {scaling.format_duration(link.overhead):>9s}  alpha "
-          f"{scaling.format_duration(link.alpha):>9s}  bandwidth "
-          f"{scaling.format_bandwidth(link.bandwidth):>12s}  median error {100 * result['fit_error']:.1f}%",
+    print(f"{name:24s} overhead {units.format_duration(link.overhead):>9s}  alpha "
+          f"{units.format_duration(link.alpha):>9s}  bandwidth "
+          f"{units.format_bandwidth(link.bandwidth):>12s}  median error {100 * result['fit_error']:.1f}%",
           flush=True)
     return result
 
@@ -133,15 +134,15 @@ class Burst:
     unshaped link's cost (`free`), the rest at the shaped link's (the emulation's artefact: a NIC has
     no burst; small compressed payloads would otherwise be priced at 100 Mbit/s they never see)."""
 
-    def __init__(self, shaped: scaling.Link, free: scaling.Link):
+    def __init__(self, shaped: wire.Link, free: wire.Link):
         self.shaped, self.free = shaped, free
 
     def cost(self, messages: float, nbytes: float) -> float:
         return (self.free if nbytes <= 2 * BURST else self.shaped).cost(messages, nbytes)
 
 
-def predict(n: int, label: str, compute_s: float, one: dict, link: scaling.Link, intra: scaling.Link,
-            free: scaling.Link | None = None) -> float:
+def predict(n: int, label: str, compute_s: float, one: dict, link: wire.Link, intra: wire.Link,
+            free: wire.Link | None = None) -> float:
     from toolkit.planner import plan
     from toolkit.config import Config
 
@@ -208,7 +209,7 @@ def measure(a, out: Path) -> tuple[dict, dict]:
         try:
             for rate in rates:
                 subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), rate], check=True, timeout=60)
-                cap = 1e12 if rate == "none" else 3 * scaling.parse_bandwidth(rate, "--rates") / 1.5
+                cap = 1e12 if rate == "none" else 3 * units.parse_bandwidth(rate, "--rates") / 1.5
                 samples = [s for n in (2, 3, 4) for s in time_collectives(n, "gloo", hosts, cap, a.rounds, a)]
                 fits[f"veth {rate}"] = fit_link(f"veth {rate}", samples, out, shaped=rate != "none")
             subprocess.run(["bash", str(SCRIPT), "shape", str(hosts), "none"], check=True, timeout=60)
@@ -233,17 +234,17 @@ def measure(a, out: Path) -> tuple[dict, dict]:
 
 
 def report(fits: dict, steps: dict, a) -> str:
-    intra = scaling.Link(**fits["gloo loopback"]["inter"])
+    intra = wire.Link(**fits["gloo loopback"]["inter"])
     compute = {int(n): s for n, s in steps["compute"].items()}
     one = steps["ones"]["none"]
     checks = {}
     for rate, label, n, measured in steps["measured"]:
-        link = scaling.Link(**fits[f"veth {rate}"]["inter"])
-        free = scaling.Link(**fits["veth none"]["inter"]) if rate != "none" else None
+        link = wire.Link(**fits[f"veth {rate}"]["inter"])
+        free = wire.Link(**fits["veth none"]["inter"]) if rate != "none" else None
         checks[(rate, label, n)] = (predict(n, label, compute[n], steps["ones"][label], link, intra, free), measured)
     links = [[name, ", ".join(map(str, sorted({s["n"] for s in fit["samples"]}))),
-              scaling.format_duration(fit["inter"]["overhead"]), scaling.format_duration(fit["inter"]["alpha"]),
-              scaling.format_bandwidth(fit["inter"]["bandwidth"]), f"{100 * fit['fit_error']:.1f}%"]
+              units.format_duration(fit["inter"]["overhead"]), units.format_duration(fit["inter"]["alpha"]),
+              units.format_bandwidth(fit["inter"]["bandwidth"]), f"{100 * fit['fit_error']:.1f}%"]
              for name, fit in fits.items()]
     lines = [f"Measured {date.today().isoformat()} with `.venv/bin/python -m benchmarks.scaling_calibrate --rates "
              f"{a.rates or repr('')} --check-rates {a.check_rates} --repeats {a.repeats} --write-docs` "

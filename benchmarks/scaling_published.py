@@ -27,11 +27,12 @@ import sys
 from datetime import date
 
 from benchmarks import common
-from toolkit.planner import scaling
+from toolkit.exchange import wire
+from toolkit.planner import scaling, units
 
 BATCH = 64
 GPUS_PER_NODE = 4
-LINE_RATE = scaling.parse_bandwidth("25gbit", "line rate")
+LINE_RATE = units.parse_bandwidth("25gbit", "line rate")
 PUBLISHED = {                       # model -> {GPUs: scaling efficiency}
     "inception_v3": {128: 0.90, 512: 0.90},
     "resnet101": {128: 0.90, 512: 0.90},
@@ -95,8 +96,8 @@ def horovod_2017(name: str = "horovod 2017") -> scaling.Method:
 def efficiency(grads: tuple, rate: float, n: int, bandwidth: float, straggle: float = 0.0,
                by_bytes: bool = False, alpha: float = 5e-6) -> float:
     values, ready = grads
-    cluster = scaling.Cluster(GPUS_PER_NODE, scaling.Link(alpha, bandwidth),
-                              scaling.Link(2e-6, scaling.parse_bandwidth("10GB/s", "PCIe")))
+    cluster = scaling.Cluster(GPUS_PER_NODE, wire.Link(alpha, bandwidth),
+                              wire.Link(2e-6, units.parse_bandwidth("10GB/s", "PCIe")))
     workload = scaling.Workload(compute_s=BATCH / rate, tensor_values=tuple(values), straggle=straggle,
                                 ready=() if by_bytes else tuple(ready))
     return scaling.step_time(workload, horovod_2017(), cluster, n).efficiency
@@ -106,7 +107,7 @@ def dgx_a100(rate: float, batch: int) -> float:
     """PyTorch DDP on one DGX A100 (8 GPUs, NVLink; 300 GB/s, `toolkit plan`'s default within a node):
     DDP's 25 MiB buckets, each sent when full (no cycle)."""
     values, ready = gradients("resnet50")
-    cluster = scaling.Cluster(8, scaling.Link(5e-6, LINE_RATE), scaling.Link(2e-6, 300e9))
+    cluster = scaling.Cluster(8, wire.Link(5e-6, LINE_RATE), wire.Link(2e-6, 300e9))
     workload = scaling.Workload(compute_s=batch / rate, tensor_values=tuple(values), ready=tuple(ready))
     ddp = scaling.Method("ddp", "horovod", fusion_bytes=25 * 2 ** 20, cycle_s=0.0)
     return scaling.step_time(workload, ddp, cluster, 8).efficiency

@@ -1,4 +1,4 @@
-"""The support table of docs/INSTALL.md: every row of toolkit/build/support.py SUPPORT checked in a fresh virtualenv.
+"""The support table of docs/INSTALL.md: every row of toolkit/install/support.py SUPPORT checked in a fresh virtualenv.
 
     make support                                              # every row, then the table into docs/INSTALL.md
     .venv/bin/python -m benchmarks.support_matrix --only py3.11-torch2.13.0 [--write-docs]
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolkit.build import support
+from toolkit.install import support
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

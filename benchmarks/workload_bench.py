@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import common
-from toolkit.run.ondisk import digits_folder
+from toolkit.data.ondisk import digits_folder
 
 ROOT = common.ROOT
 

@@ -81,7 +81,7 @@ run_row() {
           $APT ${CMAKE_APT[$row]}" apt || die "$row: apt failed, see $log"
   say "$row: venv, torch and the toolkit's own needs"
   local torch
-  torch=$(sed -n 's/^ *"torch": "\([^"]*\)".*/\1/p' "$ROOT/toolkit/build/pins.py")
+  torch=$(sed -n 's/^ *"torch": "\([^"]*\)".*/\1/p' "$ROOT/toolkit/install/pins.py")
   in_ctr "python3 -m venv /opt/venv && /opt/venv/bin/pip install -q torch==$torch numpy pyyaml scikit-learn setuptools \
           psutil cloudpickle packaging tqdm ${CMAKE_PIP[$row]:+\"${CMAKE_PIP[$row]}\"} \
           && /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e /opt/toolkit" \

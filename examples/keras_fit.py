@@ -16,7 +16,7 @@ import sys
 
 import toolkit
 from toolkit.adapters.base import digest
-from toolkit.run import data as datasets
+from toolkit.data import datasets
 
 
 def main() -> int:

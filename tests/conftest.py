@@ -42,7 +42,7 @@ def restore_env_variables():
 @functools.lru_cache(maxsize=None)
 def horovod_status(fw: str):
     """None when horovod.<fw> imports, else why; probed in a subprocess (keeps this one light)."""
-    from toolkit.build import horovod as horovod_build
+    from toolkit.install import horovod as horovod_build
     return horovod_build.extension_status([fw])[fw]
 
 

@@ -1,4 +1,4 @@
-"""Reproduce (or rule out) the Horovod/MXNet crash that toolkit/build/horovod.py's `mxnet-enqueue-name`
+"""Reproduce (or rule out) the Horovod/MXNet crash that toolkit/install/horovod.py's `mxnet-enqueue-name`
 row patches: many tiny in-place broadcasts in one process while `yes` processes load every core.
 
     .venv/bin/python tests/stress_mxnet_broadcast.py --rounds 6 --seconds 50

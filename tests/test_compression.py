@@ -314,10 +314,10 @@ def test_compressed_allreduce_error_feedback_covers_both_quantisations(ops, name
 
 
 def test_the_allgather_stays_at_two_ranks_and_the_compressed_allreduce_runs_above():
-    from toolkit.planner import scaling
+    from toolkit.exchange import wire
     for payload in (1e3, 1e6, 1e8):
-        assert scaling.exchange_form(2, payload) == "allgather"
-    assert scaling.exchange_form(3, 100) == scaling.exchange_form(64, 1e8) == "reduce"
+        assert wire.exchange_form(2, payload) == "allgather"
+    assert wire.exchange_form(3, 100) == wire.exchange_form(64, 1e8) == "reduce"
 
 
 def test_bytes_are_zero_at_world_size_one(ops):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.build import pins
+from toolkit.install import pins
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -76,7 +76,7 @@ def test_installs_through_setup_and_ends_with_doctor(variant):
     assert "${WHEELHOUSE:+--wheelhouse /run/wheelhouse}" in setup[0]
     apt = next(s for s in steps if "apt-get install" in s)
     assert re.search(r'build_tools="[^"]*g\+\+[^"]*"; \[ -n "\$\{WHEELHOUSE\}" \] && build_tools=""', apt), apt
-    # No second package list: versions live in toolkit/build/pins.py only.
+    # No second package list: versions live in toolkit/install/pins.py only.
     assert "pip install" not in text and "pip3 install" not in text
     for name in list(pins.FRAMEWORKS) + list(pins.NO_DEPS) + ["horovod"]:
         assert not re.search(rf"\b{re.escape(name)}==", text), f"{name} pinned outside pins.py"

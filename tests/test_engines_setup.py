@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from toolkit.build import doctor, envsetup, pins, support
+from toolkit.install import doctor, envsetup, pins, support
 from toolkit.errors import ToolkitError
 from tests.conftest import ROOT, clean_env, toolkit
 

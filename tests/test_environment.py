@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from toolkit.build import horovod as horovod_build, pins
+from toolkit.install import horovod as horovod_build, pins
 
 pytest.importorskip("horovod", reason="run `make setup` to build Horovod")
 
@@ -64,7 +64,7 @@ def test_a_framework_without_wheels_for_the_python_at_hand_is_left_out():
     wheel is not asked here: suite time; docs/TOOLCHAINS.md has the real 3.12 and 3.13 setups)."""
     from pathlib import Path
 
-    from toolkit.build import envsetup
+    from toolkit.install import envsetup
     assert envsetup.framework_wheels(Path(sys.executable), ["mxnet"], version="3.12") == {"mxnet": None}
     found = envsetup.framework_wheels(Path(sys.executable), ["mxnet"], version="3.13")
     assert found == {"mxnet": f"numpy=={pins.FRAMEWORKS['numpy']}"}

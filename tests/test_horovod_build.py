@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.build import horovod as hb, horovod_patches as hp, toolchain as tc, workarounds as wa
+from toolkit.install import horovod as hb, horovod_patches as hp, toolchain as tc, workarounds as wa
 from toolkit.errors import ToolkitError
 
 # This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.
@@ -92,7 +92,7 @@ def test_a_changed_patch_gives_a_new_cache_key(monkeypatch):
 def test_a_wheelhouse_build_made_with_other_patches_is_refused(tmp_path):
     import json
     import sys
-    from toolkit.build import pins, wheelhouse
+    from toolkit.install import pins, wheelhouse
     spec, versions = hb.BuildSpec(frameworks=("torch",)), {"torch": "torch==2.14.1"}
     key = hb.cache_key(spec, versions)
     theirs = key.rsplit("-", 1)[0] + "-00000000"          # the same rows, other edits

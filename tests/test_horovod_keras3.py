@@ -2,7 +2,7 @@
 imports no framework (`launcher-no-framework`).
 
 The jobs run the installed Horovod's compiled core with the Python files that the patches of this
-checkout (toolkit/build/horovod_patches.py) make of Horovod's sdist, so they test the patches
+checkout (toolkit/install/horovod_patches.py) make of Horovod's sdist, so they test the patches
 themselves without a 12-minute rebuild; test_horovod_build.py's
 test_the_installed_horovod_carries_todays_patches checks that the installed build was made with them.
 
@@ -54,7 +54,7 @@ def patched(tmp_path_factory) -> Path:
         pytest.skip(f"horovod.tensorflow does not import ({why}); run `make setup`")
     if int(metadata.version("keras").split(".")[0]) < 3:
         pytest.skip("Keras 2 is installed: these run Horovod's TensorFlow API on Keras 3")
-    from toolkit.build import horovod as hb, horovod_patches as hp, workarounds as wa
+    from toolkit.install import horovod as hb, horovod_patches as hp, workarounds as wa
     from toolkit.errors import ToolkitError
     try:
         source = hb._unpack(None, tmp_path_factory.mktemp("sdist"))

@@ -1,4 +1,4 @@
-"""`imagefolder:PATH` at 200,000 files (toolkit/run/ondisk.py, adapters/<framework>/images.py): rank 0
+"""`imagefolder:PATH` at 200,000 files (toolkit/data/ondisk.py, adapters/<framework>/images.py): rank 0
 lists the folder once and shares the list, the check before training reads a fixed sample of files,
 a bad file the sample missed is one line naming it when a reader reaches it, and the held-out split
 is the one the every-file listing made. benchmarks/imagefolder_bench.py times it."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from toolkit.errors import ToolkitError
-from toolkit.run import ondisk
+from toolkit.data import ondisk
 
 SPEC = "imagefolder:x"
 # digits_folder(per_class=5)'s held-out files, as the code before the shared listing chose them
@@ -112,8 +112,8 @@ import pickle, sys
 from types import SimpleNamespace
 from toolkit.errors import ToolkitError
 folder, framework = pickle.load(open(sys.argv[1], "rb")), sys.argv[2]
-from importlib import import_module
-train, _ = import_module(f"toolkit.adapters.{framework}.images").read(folder, SimpleNamespace(augment=True), 32)
+from toolkit import registry
+train, _ = registry.reader(framework, "images").read(folder, SimpleNamespace(augment=True), 32)
 try:
     if framework == "tensorflow":       # through the sessions' tf.data path, where the error is translated
         from toolkit.adapters.tensorflow.data import batches

@@ -1,6 +1,6 @@
 """The toolkit installed into an environment a user already has, not the repository's `.venv`.
 
-The long test is the first row of the support table (toolkit/build/support.py, docs/INSTALL.md): a fresh
+The long test is the first row of the support table (toolkit/install/support.py, docs/INSTALL.md): a fresh
 virtualenv with the CPU-only torch 2.13.0 wheel, `pip install` of the wheel `python -m build` made,
 `toolkit build-horovod` (what it finds; Horovod's run-time requirements installed where missing),
 `toolkit doctor --framework torch` ready, and 2 ranks of examples/your_torch.py under plain horovodrun,
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import toolkit
-from toolkit.build import pins, support
+from toolkit.install import pins, support
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

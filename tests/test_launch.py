@@ -1,9 +1,10 @@
 """Launcher argv and environment, without MPI (Horovod's test/single style)."""
+import argparse
 import json
 import os
-import socket
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import one_line_error, run, toolkit
-from toolkit.launch import hosts, launcher as launch
 from toolkit.errors import ToolkitError
+from toolkit.launch import hosts
+from toolkit.launch.launchers import LAUNCHERS, horovodrun, mpirun, tf_config, torchrun
+from toolkit.launch.spec import LaunchSpec
 
 CMD = ("python", "examples/train.py", "--framework", "torch")
 
 
 def test_horovodrun_defaults_to_localhost_slots():
-    argv, env = launch.plan(launch.LaunchSpec(command=CMD, np=2, controller="gloo"), environ={"PATH": "/bin"})
+    argv, env = horovodrun.plan(LaunchSpec(command=CMD, np=2, controller="gloo"), environ={"PATH": "/bin"})
     assert argv[:argv.index("python")] == ["horovodrun", "-np", "2", "-H", "localhost:2",
                                             "--start-timeout", "60", "--gloo"]
     assert argv[-len(CMD):] == list(CMD)
@@ -36,18 +39,18 @@ def test_cli_finds_horovodrun_in_an_inactive_virtualenv():
 
 
 def test_horovodrun_hosts_and_interface():
-    spec = launch.LaunchSpec(command=CMD, np=8, hosts="a:4,b:4", controller="mpi", network_interface="eth0",
+    spec = LaunchSpec(command=CMD, np=8, hosts="a:4,b:4", controller="mpi", network_interface="eth0",
                              start_timeout=30)
-    argv, _ = launch.plan(spec, environ={})
+    argv, _ = horovodrun.plan(spec, environ={})
     assert ["-H", "a:4,b:4"] == argv[3:5] and "--mpi" in argv
     assert argv[argv.index("--network-interface") + 1] == "eth0"
     assert argv[argv.index("--start-timeout") + 1] == "30"
 
 
 def test_mpirun_forwards_toolkit_and_python_environment(monkeypatch):
-    monkeypatch.setattr(launch, "_is_root", lambda: True)
+    monkeypatch.setattr(mpirun, "is_root", lambda: True)
     environ = {"PATH": "/bin", "TOOLKIT_EPOCHS": "3", "HOROVOD_CYCLE_TIME": "1", "HOME": "/root"}
-    argv, env = launch.plan(launch.LaunchSpec(command=CMD, np=2, launcher="mpirun", env=("A=1",)), environ)
+    argv, env = mpirun.plan(LaunchSpec(command=CMD, np=2, launcher="mpirun", env=("A=1",)), environ)
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
     forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert {"PATH", "TOOLKIT_EPOCHS", "HOROVOD_CYCLE_TIME", "PYTHONUNBUFFERED"} <= forwarded
@@ -82,13 +85,23 @@ def test_parse_hosts():
 ])
 def test_bad_launch_specs(kwargs, needle):
     with pytest.raises(ToolkitError) as e:
-        launch.LaunchSpec(command=CMD, **kwargs)
+        LaunchSpec(command=CMD, **kwargs)
     assert needle in str(e.value)
 
 
 def test_empty_command():
     with pytest.raises(ToolkitError, match="no command"):
-        launch.LaunchSpec(command=(), np=2)
+        LaunchSpec(command=(), np=2)
+
+
+def test_every_launcher_is_a_row_of_the_table_and_a_choice_of_the_cli():
+    """--launcher offers the table's names (the parser does not import the table, to start quickly)."""
+    from toolkit.commands import launch as command
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    command.register(sub)
+    assert f"--launcher {{{','.join(LAUNCHERS)}}}" in sub.choices["launch"].format_help()
+    assert all(name == launcher.name for name, launcher in LAUNCHERS.items())
 
 
 def test_cli_dry_run_prints_the_command():
@@ -113,7 +126,7 @@ def test_cli_propagates_exit_code_and_times_out():
 
 def test_tf_config_workers_on_this_host():
     ports = iter([4001, 4002])
-    workers = launch.plan_workers(launch.LaunchSpec(command=CMD, np=2, launcher="tf_config"),
+    workers = tf_config.plan_workers(LaunchSpec(command=CMD, np=2, launcher="tf_config"),
                                   environ={"PATH": "/bin"}, port=lambda: next(ports))
     configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
     assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
@@ -122,9 +135,9 @@ def test_tf_config_workers_on_this_host():
 
 
 def test_tf_config_workers_across_hosts_fill_slots_in_order():
-    spec = launch.LaunchSpec(command=CMD, np=3, hosts="a:2,b:2", launcher="tf_config")
-    workers = launch.plan_workers(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3"})
-    base = launch.TF_CONFIG_BASE_PORT
+    spec = LaunchSpec(command=CMD, np=3, hosts="a:2,b:2", launcher="tf_config")
+    workers = tf_config.plan_workers(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3"})
+    base = tf_config.TF_CONFIG_BASE_PORT
     cluster = [f"a:{base}", f"a:{base + 1}", f"b:{base}"]
     for index, (argv, env) in enumerate(workers):
         assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
@@ -137,11 +150,11 @@ def test_tf_config_workers_across_hosts_fill_slots_in_order():
 def test_remote_tf_worker_runs_this_virtualenvs_python_and_only_tensorflows_variables(tmp_path):
     """The ssh line of a worker on another host, run by a shell with a node's bare PATH (as sshd
     gives it): a plain `python` there must be this virtualenv's, and another tool's TF_* stays home."""
-    spec = launch.LaunchSpec(command=("python", "-c", "import os, sys; print(sys.executable); "
+    spec = LaunchSpec(command=("python", "-c", "import os, sys; print(sys.executable); "
                                       "print(os.environ.get('TF_CLI_CONFIG_FILE'))"),
                              np=2, hosts="localhost:1,b:1", launcher="tf_config")
     environ = {"PATH": "/usr/bin:/bin", "TF_CLI_CONFIG_FILE": "/home/u/.terraformrc", "TF_CPP_MIN_LOG_LEVEL": "1"}
-    (_, _), (argv, _) = launch.plan_workers(spec, environ=environ, port=lambda: 4001)
+    (_, _), (argv, _) = tf_config.plan_workers(spec, environ=environ, port=lambda: 4001)
     assert argv[:3] == ["ssh", "-o", "BatchMode=yes"] and argv[3] == "b"
     assert "TF_CPP_MIN_LOG_LEVEL=1" in argv[4] and "TF_CLI_CONFIG_FILE=" not in argv[4]
     out = subprocess.run(["sh", "-c", argv[4]], capture_output=True, text=True, timeout=60,
@@ -178,13 +191,13 @@ def test_cli_native_dry_run_sets_framework_and_backend():
 # -- torchrun: `--backend native` for torch (launcher.plan_torchrun) ----------------------------------
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-TEE = ["--tee", "3", "--log-line-prefix-template", launch.TORCHRUN_TAG]
+TEE = ["--tee", "3", "--log-line-prefix-template", torchrun.TORCHRUN_TAG]
 
 
 @pytest.mark.parametrize("hosts_", [None, "localhost:2"])
 def test_torchrun_on_one_host_is_one_standalone_torchrun(hosts_):
-    spec = launch.LaunchSpec(command=CMD, np=2, hosts=hosts_, launcher="torchrun")
-    [(argv, env)] = launch.plan_torchrun(spec, environ={"PATH": "/bin"})
+    spec = LaunchSpec(command=CMD, np=2, hosts=hosts_, launcher="torchrun")
+    [(argv, env)] = torchrun.plan_torchrun(spec, environ={"PATH": "/bin"})
     # this Python's torch; the command runs as given (`python` is this virtualenv's, first on PATH)
     assert argv == TORCHRUN + ["--standalone", "--nproc-per-node", "2", *TEE, "--no-python", *CMD]
     assert env["PATH"] == f"{os.path.dirname(sys.executable)}{os.pathsep}/bin"
@@ -192,12 +205,12 @@ def test_torchrun_on_one_host_is_one_standalone_torchrun(hosts_):
 
 
 def test_torchrun_across_hosts_is_one_torchrun_per_host_over_ssh_meeting_at_the_first():
-    spec = launch.LaunchSpec(command=CMD, np=4, hosts="a:2,b:2", launcher="torchrun", network_interface="eth0",
+    spec = LaunchSpec(command=CMD, np=4, hosts="a:2,b:2", launcher="torchrun", network_interface="eth0",
                              start_timeout=30, ssh_port=2222)
-    workers = launch.plan_torchrun(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3", "HOME": "/root"},
+    workers = torchrun.plan_torchrun(spec, environ={"PATH": "/bin", "TOOLKIT_EPOCHS": "3", "HOME": "/root"},
                                    job_id="job1")
     rendezvous = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                  f"a:{launch.TORCHRUN_PORT}", "--rdzv-id", "job1", "--rdzv-conf", "join_timeout=30"]
+                  f"a:{torchrun.TORCHRUN_PORT}", "--rdzv-id", "job1", "--rdzv-conf", "join_timeout=30"]
     assert [argv[:6] for argv, _ in workers] == [["ssh", "-o", "BatchMode=yes", "-p", "2222", host] for host in "ab"]
     for argv, env in workers:
         remote = shlex.split(argv[6])
@@ -206,19 +219,19 @@ def test_torchrun_across_hosts_is_one_torchrun_per_host_over_ssh_meeting_at_the_
         assert "HOME=/root" not in remote
         assert remote[remote.index(sys.executable):] == TORCHRUN + rendezvous + TEE + ["--no-python", *CMD]
     # the first host is this machine: its torchrun runs here, the others find it by name, on a free port
-    spec = launch.LaunchSpec(command=CMD, np=4, hosts="localhost:2,b:2", launcher="torchrun")
-    (here, env), (there, _) = launch.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="job1")
+    spec = LaunchSpec(command=CMD, np=4, hosts="localhost:2,b:2", launcher="torchrun")
+    (here, env), (there, _) = torchrun.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="job1")
     assert here[:len(TORCHRUN)] == TORCHRUN and here[here.index("--rdzv-endpoint") + 1] == f"{socket.gethostname()}:4001"
     assert there[0] == "ssh" and f"--rdzv-endpoint {socket.gethostname()}:4001" in there[-1]
 
 
 def test_torchrun_fills_the_hosts_in_order_and_needs_the_same_ranks_on_each():
     def nodes(np_, hosts_):
-        return launch.torchrun_nodes(launch.LaunchSpec(command=CMD, np=np_, hosts=hosts_, launcher="torchrun"))
+        return torchrun.torchrun_nodes(LaunchSpec(command=CMD, np=np_, hosts=hosts_, launcher="torchrun"))
 
     assert nodes(4, "a:2,b:4") == [("a", 2), ("b", 2)]
     assert nodes(2, "a:2,b:2") == [("a", 2)]          # b is not used: one host, standalone (over ssh)
-    [(argv, _)] = launch.plan_torchrun(launch.LaunchSpec(command=CMD, np=2, hosts="a:2,b:2", launcher="torchrun"),
+    [(argv, _)] = torchrun.plan_torchrun(LaunchSpec(command=CMD, np=2, hosts="a:2,b:2", launcher="torchrun"),
                                        environ={})
     assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "a"] and "--standalone --nproc-per-node 2" in argv[4]
     for np_, hosts_, needle in [(3, "a:2,b:2", "-np 3 on -H a:2,b:2 puts 2+1 ranks on its hosts"),
@@ -230,8 +243,8 @@ def test_torchrun_fills_the_hosts_in_order_and_needs_the_same_ranks_on_each():
 
 def test_torchrun_elastic_counts_whole_hosts_and_its_bad_inputs(tmp_path):
     def argv(**kw):
-        spec = launch.LaunchSpec(command=CMD, launcher="torchrun", **kw)
-        return " ".join(launch.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="j")[0][0])
+        spec = LaunchSpec(command=CMD, launcher="torchrun", **kw)
+        return " ".join(torchrun.plan_torchrun(spec, environ={}, port=lambda: 4001, job_id="j")[0][0])
 
     assert "--nnodes 1:3 --max-restarts 3 --nproc-per-node 2" in argv(np=4, hosts="a:2,b:2", min_np=2, max_np=6)
     assert "--nnodes 2:2 --max-restarts 3" in argv(np=4, hosts="a:2,b:2", min_np=4)
@@ -247,7 +260,7 @@ def test_torchrun_elastic_counts_whole_hosts_and_its_bad_inputs(tmp_path):
                        (dict(np=2, min_np=3), "--min-np (3) <= -np (2)"),
                        (dict(np=2, controller="gloo"), "its own rendezvous: drop it")]:
         with pytest.raises(ToolkitError) as e:
-            launch.LaunchSpec(command=CMD, launcher="torchrun", **kw)
+            LaunchSpec(command=CMD, launcher="torchrun", **kw)
         assert needle in str(e.value) and "\n" not in str(e.value), (kw, str(e.value))
     assert "discovery" not in str(e.value)
 
@@ -367,16 +380,16 @@ def test_ssh_options_reach_every_launcher(tmp_path):
     key = tmp_path / "id_ed25519"
     key.write_text("key")
     common = dict(command=CMD, np=2, hosts="a:1,b:1", ssh_port=2222, ssh_identity_file=str(key))
-    argv, _ = launch.plan(launch.LaunchSpec(**common), environ={})
+    argv, _ = horovodrun.plan(LaunchSpec(**common), environ={})
     assert argv[argv.index("--ssh-port") + 1] == "2222" and argv[argv.index("--ssh-identity-file") + 1] == str(key)
-    argv, _ = launch.plan(launch.LaunchSpec(**common, launcher="mpirun"), environ={})
+    argv, _ = mpirun.plan(LaunchSpec(**common, launcher="mpirun"), environ={})
     assert argv[argv.index("plm_rsh_args") + 1] == f"-p 2222 -i {key}"
-    workers = launch.plan_workers(launch.LaunchSpec(**common, launcher="tf_config"), environ={})
+    workers = tf_config.plan_workers(LaunchSpec(**common, launcher="tf_config"), environ={})
     assert all(argv[3:7] == ["-p", "2222", "-i", str(key)] for argv, _ in workers)
     with pytest.raises(ToolkitError, match="--ssh-port 70000"):
-        launch.LaunchSpec(command=CMD, ssh_port=70000)
+        LaunchSpec(command=CMD, ssh_port=70000)
     with pytest.raises(ToolkitError, match="--ssh-identity-file .* not found"):
-        launch.LaunchSpec(command=CMD, ssh_identity_file=str(tmp_path / "nope"))
+        LaunchSpec(command=CMD, ssh_identity_file=str(tmp_path / "nope"))
 
 
 def test_tuning_flags_become_horovod_variables_for_every_rank():
@@ -496,11 +509,11 @@ def test_elastic_horovodrun_command_and_its_bad_inputs(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
     script.chmod(0o755)
-    argv, _ = launch.plan(launch.LaunchSpec(command=("python", "t.py"), np=2, min_np=1, max_np=4,
+    argv, _ = horovodrun.plan(LaunchSpec(command=("python", "t.py"), np=2, min_np=1, max_np=4,
                                             discovery=str(script), network_interface="lo"), environ={})
     line = " ".join(argv)
     assert f"--host-discovery-script {script}" in line and "--min-np 1 --max-np 4" in line and " -H " not in line
-    argv, _ = launch.plan(launch.LaunchSpec(command=("t",), np=2, hosts="a:1,b:1", min_np=1), environ={})
+    argv, _ = horovodrun.plan(LaunchSpec(command=("t",), np=2, hosts="a:1,b:1", min_np=1), environ={})
     assert "-H a:1,b:1" in " ".join(argv) and "--min-np 1" in " ".join(argv)
     bad = [
         (dict(min_np=1, discovery=str(script), controller="mpi"), "Gloo only"),
@@ -513,7 +526,7 @@ def test_elastic_horovodrun_command_and_its_bad_inputs(tmp_path):
     ]
     for kw, needle in bad:
         with pytest.raises(ToolkitError, match=None) as e:
-            launch.LaunchSpec(command=("t",), np=2, **kw)
+            LaunchSpec(command=("t",), np=2, **kw)
         assert needle in str(e.value) and "\n" not in str(e.value), (kw, str(e.value))
 
 
@@ -701,7 +714,6 @@ def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
     """`ssh -G` says where a host's ssh really is; a host behind a ProxyJump/ProxyCommand is left to
     ssh. A stand-in ssh points `farhost` at a closed port on loopback."""
     from toolkit.launch.hosts import is_this_machine, ssh_port_answers
-    from toolkit.launch.launcher import LaunchSpec
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, train_job
 from tests.helpers import max_diff, user_loop
-from toolkit.build import toolchain
+from toolkit.install import toolchain
 from toolkit.errors import ToolkitError
 
 pytestmark = pytest.mark.distributed

@@ -1,5 +1,6 @@
-"""`toolkit plan`'s cost model (toolkit/planner/scaling.py) on known inputs, its calibration fit, what it records
-of the toolkit's own exchanges (toolkit/planner/plan.py), and the command's bad input."""
+"""`toolkit plan`'s cost model (toolkit/planner/scaling.py, toolkit/exchange/wire.py) on known inputs, its
+calibration fit (toolkit/planner/calibration.py), what it records of the toolkit's own exchanges
+(toolkit/planner/plan.py), and the command's bad input."""
 import json
 import math
 import random
@@ -8,43 +9,45 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import one_line_error, toolkit
-from toolkit.planner import scaling
+from toolkit.errors import ToolkitError
+from toolkit.exchange import wire
+from toolkit.planner import calibration, scaling, units
 
 MB = 1e6
-LINK = scaling.Link(alpha=10e-6, bandwidth=1e9)      # 10 us a message, 1 GB/s
+LINK = wire.Link(alpha=10e-6, bandwidth=1e9)      # 10 us a message, 1 GB/s
 
 
 def test_ring_allreduce_at_two_and_eight_ranks():
     s = 100 * MB
     # N=2: 2 messages of S/2 each way; N=8: 14 messages, 2 * 7/8 of S through each link
-    assert scaling.ring_allreduce(s, 2, LINK) == pytest.approx(2 * 10e-6 + s / 1e9)
-    assert scaling.ring_allreduce(s, 8, LINK) == pytest.approx(14 * 10e-6 + 1.75 * s / 1e9)
-    assert scaling.ring_allreduce(s, 1, LINK) == 0
+    assert wire.ring_allreduce(s, 2, LINK) == pytest.approx(2 * 10e-6 + s / 1e9)
+    assert wire.ring_allreduce(s, 8, LINK) == pytest.approx(14 * 10e-6 + 1.75 * s / 1e9)
+    assert wire.ring_allreduce(s, 1, LINK) == 0
     # the bandwidth term approaches 2 S / bandwidth, the latency term grows with N
-    big = scaling.ring_allreduce(s, 1024, LINK)
+    big = wire.ring_allreduce(s, 1024, LINK)
     assert big - 2046 * 10e-6 == pytest.approx(2 * 1023 / 1024 * s / 1e9)
 
 
 def test_allgather_grows_with_ranks_broadcast_with_log():
     s = 1 * MB
-    costs = [scaling.ring_allgather(s, n, LINK) for n in (2, 3, 5, 9)]
+    costs = [wire.ring_allgather(s, n, LINK) for n in (2, 3, 5, 9)]
     assert costs == pytest.approx([(n - 1) * (10e-6 + s / 1e9) for n in (2, 3, 5, 9)])
     assert costs[3] / costs[0] == pytest.approx(8)          # linear in N-1, unlike an allreduce
-    assert scaling.tree_broadcast(s, 8, LINK) == pytest.approx(3 * (10e-6 + s / 1e9))
-    assert scaling.tree_broadcast(s, 9, LINK) == pytest.approx(4 * (10e-6 + s / 1e9))
+    assert wire.tree_broadcast(s, 8, LINK) == pytest.approx(3 * (10e-6 + s / 1e9))
+    assert wire.tree_broadcast(s, 9, LINK) == pytest.approx(4 * (10e-6 + s / 1e9))
 
 
 def test_hierarchical_against_flat():
-    inter, intra = scaling.Link(5e-6, 25e9 / 8), scaling.Link(2e-6, 300e9)
+    inter, intra = wire.Link(5e-6, 25e9 / 8), wire.Link(2e-6, 300e9)
     cluster = scaling.Cluster(8, inter, intra)
     s, n = 100 * MB, 512                                 # 64 nodes of 8
     flat = cluster.allreduce(s, n)
-    assert flat == pytest.approx(scaling.ring_allreduce(s, n, inter))
+    assert flat == pytest.approx(wire.ring_allreduce(s, n, inter))
     within = 7 * 2e-6 + 7 / 8 * s / 300e9
     assert cluster.hierarchical_allreduce(s, n) == pytest.approx(2 * within + 126 * 5e-6 + 2 * 63 / 64 * s * 8 / 25e9)
     assert cluster.hierarchical_allreduce(s, n) < flat
     # within one node both are the intra-node ring (no inter-node term)
-    assert cluster.allreduce(s, 8) == pytest.approx(scaling.ring_allreduce(s, 8, intra))
+    assert cluster.allreduce(s, 8) == pytest.approx(wire.ring_allreduce(s, 8, intra))
     assert cluster.hierarchical_allreduce(s, 8) == pytest.approx(2 * within)
     # latency-bound small messages: hierarchical pays 2*63 inter-node alphas instead of 2*511
     tiny = 1e3
@@ -57,28 +60,29 @@ def synthetic(truth, kinds=("allreduce", "allgather"), ranks=(2, 3, 4), noise=0.
     for kind in kinds:
         for n in ranks:
             for size in (1e3, 16e3, 256e3, 4e6, 64e6):
-                exact = scaling.Sample(kind, n, size, 1.0)
-                samples.append(scaling.Sample(kind, n, size, truth.cost(*exact.terms()) * (1 + rng.uniform(-noise, noise))))
+                exact = calibration.Sample(kind, n, size, 1.0)
+                seconds = truth.cost(*exact.terms()) * (1 + rng.uniform(-noise, noise))
+                samples.append(calibration.Sample(kind, n, size, seconds))
     return samples
 
 
 def test_calibration_fits_synthetic_alpha_and_beta_within_5_percent():
-    truth = scaling.Link(alpha=40e-6, bandwidth=1.2e9)
-    link = scaling.fit(synthetic(truth))                         # 3% timing noise
+    truth = wire.Link(alpha=40e-6, bandwidth=1.2e9)
+    link = calibration.fit(synthetic(truth))                         # 3% timing noise
     assert link.alpha == pytest.approx(truth.alpha, rel=0.05)
     assert link.bandwidth == pytest.approx(truth.bandwidth, rel=0.05)
     assert link.overhead < 0.05 * truth.alpha
-    assert scaling.fit_error(link, synthetic(truth)) < 0.03
+    assert calibration.fit_error(link, synthetic(truth)) < 0.03
     # with Horovod's per-collective overhead as well (1 ms: its cycle and negotiation)
-    truth = scaling.Link(alpha=40e-6, bandwidth=1.2e9, overhead=1e-3)
-    link = scaling.fit(synthetic(truth, noise=0.01))
+    truth = wire.Link(alpha=40e-6, bandwidth=1.2e9, overhead=1e-3)
+    link = calibration.fit(synthetic(truth, noise=0.01))
     assert (link.alpha, link.bandwidth, link.overhead) == pytest.approx((40e-6, 1.2e9, 1e-3), rel=0.05)
     # one kind at one N: the overhead cannot be told from alpha, which carries it
-    link = scaling.fit(synthetic(truth, kinds=("allreduce",), ranks=(2,), noise=0))
+    link = calibration.fit(synthetic(truth, kinds=("allreduce",), ranks=(2,), noise=0))
     assert link.overhead == 0 and link.alpha == pytest.approx(40e-6 + 1e-3 / 2)
     assert link.bandwidth == pytest.approx(1.2e9)
-    with pytest.raises(scaling.ToolkitError, match="more than one message size"):
-        scaling.fit([scaling.Sample("allreduce", 2, 1e6, 1.0), scaling.Sample("allreduce", 2, 1e6, 1.1)])
+    with pytest.raises(ToolkitError, match="more than one message size"):
+        calibration.fit([calibration.Sample("allreduce", 2, 1e6, 1.0), calibration.Sample("allreduce", 2, 1e6, 1.1)])
 
 
 def test_overlap_fusion_and_cycles():
@@ -105,7 +109,7 @@ def test_overlap_fusion_and_cycles():
 
 
 def test_step_time_stragglers_and_methods():
-    cluster = scaling.Cluster(4, scaling.Link(5e-6, 1e9), scaling.Link(1e-6, 1e11))
+    cluster = scaling.Cluster(4, wire.Link(5e-6, 1e9), wire.Link(1e-6, 1e11))
     work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 4)
     none = scaling.Method("none", "horovod")
     one = scaling.step_time(work, none, cluster, 1)
@@ -140,7 +144,7 @@ def test_crossing_is_the_link_where_a_method_stops_paying():
     """The bandwidth below which int8's compressed allreduce beats none: equal steps there, int8
     faster below and slower above; a method that is always faster has no crossing below `high`."""
     work = scaling.Workload(0.1, (1_000_000,) * 4)
-    nodes = scaling.Cluster(1, scaling.Link(5e-6, 25e9 / 8, overhead=1e-3), scaling.Link(1e-6, 300e9))
+    nodes = scaling.Cluster(1, wire.Link(5e-6, 25e9 / 8, overhead=1e-3), wire.Link(1e-6, 300e9))
     none = scaling.Method("none", "horovod")
     int8 = scaling.Method("int8", "exchange", collectives=(("allgather", 4.1e6),), compress_s=0.01,
                           decode_s=0.005, reducible=True)
@@ -160,7 +164,7 @@ def test_crossing_is_the_link_where_a_method_stops_paying():
 # -- PyTorch DDP (methods ddp, ddp_fp16): fixed buckets instead of Horovod's cycles ---------------------
 
 MiB = 2 ** 20
-NODES = scaling.Cluster(8, scaling.Link(5e-6, 25e9 / 8), scaling.Link(2e-6, 300e9))     # the plan's defaults
+NODES = scaling.Cluster(8, wire.Link(5e-6, 25e9 / 8), wire.Link(2e-6, 300e9))     # the plan's defaults
 DDP = scaling.Method("ddp", "ddp")
 ONE_BUCKET = scaling.Method("ddp one bucket", "ddp", bucket_limits=(math.inf,))
 
@@ -189,7 +193,7 @@ def test_ddp_buckets_follow_torchs_assignment():
 
 
 def test_ddp_on_a_free_link_costs_only_the_compute():
-    free = scaling.Cluster(8, scaling.Link(0.0, math.inf), scaling.Link(0.0, math.inf))
+    free = scaling.Cluster(8, wire.Link(0.0, math.inf), wire.Link(0.0, math.inf))
     for work in random_workloads(20):
         for n in (2, 8, 64, 512):
             for method in (DDP, ONE_BUCKET, scaling.Method("ddp_fp16", "ddp", value_bytes=2)):
@@ -215,7 +219,7 @@ def test_ddp_one_bucket_without_overlap_is_one_allreduce_after_the_backward_pass
 
 
 def test_ddp_smaller_buckets_with_overlap_never_slower_on_a_slow_link():
-    slow = scaling.Cluster(8, scaling.Link(0.0, 1e8), scaling.Link(0.0, 1e9))      # bandwidth-bound: no latency
+    slow = scaling.Cluster(8, wire.Link(0.0, 1e8), wire.Link(0.0, 1e9))      # bandwidth-bound: no latency
     faster = 0
     for work in random_workloads(30):
         for n in (8, 64):
@@ -253,14 +257,14 @@ def test_ddp_bytes_and_its_fp16_hook():
 
 def test_ddp_pays_no_horovod_negotiation():
     # a calibrated link's per-collective overhead is Horovod's negotiation and cycle: DDP's NCCL ring has none
-    link = scaling.Link(5e-6, 25e9 / 8, overhead=2e-3)
-    cluster = scaling.Cluster(8, link, scaling.Link(2e-6, 300e9))
+    link = wire.Link(5e-6, 25e9 / 8, overhead=2e-3)
+    cluster = scaling.Cluster(8, link, wire.Link(2e-6, 300e9))
     work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 8, backward_fraction=0.0)
     total = 4.0 * work.values
     assert scaling.step_time(work, ONE_BUCKET, cluster, 64).exposed_s == pytest.approx(
-        scaling.ring_allreduce(total, 64, scaling.Link(5e-6, 25e9 / 8)))
+        wire.ring_allreduce(total, 64, wire.Link(5e-6, 25e9 / 8)))
     assert cluster.allreduce(total, 64) == pytest.approx(
-        scaling.ring_allreduce(total, 64, scaling.Link(5e-6, 25e9 / 8)) + 2e-3)             # Horovod's, with it
+        wire.ring_allreduce(total, 64, wire.Link(5e-6, 25e9 / 8)) + 2e-3)             # Horovod's, with it
 
 
 def test_the_recommendation_names_the_faster_engine():
@@ -272,13 +276,13 @@ def test_the_recommendation_names_the_faster_engine():
     assert pick.name == "none" and pick.engine == "horovod"
     assert "; engine: horovod with none (9" in why and "over native (torch DDP) with ddp (" in why
     # a calibrated link whose every Horovod collective costs 5 ms more (its negotiation): DDP wins
-    slow = scaling.Cluster(8, scaling.Link(5e-6, 25e9 / 8, overhead=5e-3), scaling.Link(2e-6, 300e9, overhead=5e-3))
+    slow = scaling.Cluster(8, wire.Link(5e-6, 25e9 / 8, overhead=5e-3), wire.Link(2e-6, 300e9, overhead=5e-3))
     plan = scaling.Plan(scaling.Workload(0.1, values), slow, [none, hier, DDP], [8, 64]).run()
     pick, why = plan.recommend()
     assert pick.name == "ddp" and pick.engine == "native"
     assert "; engine: native (torch DDP) with ddp (" in why and "over horovod with " in why
     # a link that costs nothing: neither engine is faster
-    free = scaling.Cluster(8, scaling.Link(0.0, math.inf), scaling.Link(0.0, math.inf))
+    free = scaling.Cluster(8, wire.Link(0.0, math.inf), wire.Link(0.0, math.inf))
     _, why = scaling.Plan(scaling.Workload(0.1, values), free, [none, DDP], [8]).run().recommend()
     assert "engine: either" in why
     # Horovod's methods alone: no engine to compare
@@ -305,7 +309,7 @@ def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("25gbit", 25e9 / 8), ("100Mbit/s", 100e6 / 8), ("10gbps", 10e9 / 8), ("300GB/s", 300e9), ("12.5GB", 12.5e9)])
 def test_bandwidth_units(text, expected):
-    assert scaling.parse_bandwidth(text, "--inter-node") == pytest.approx(expected)
+    assert units.parse_bandwidth(text, "--inter-node") == pytest.approx(expected)
 
 
 def test_recorded_exchanges_match_their_payloads():

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import horovod_status, train_job
-from toolkit.run import data, schedule
 from toolkit.config import Config, LrScaling, LrSchedule
+from toolkit.data import datasets, sampler
+from toolkit.run import schedule
 
 
 @pytest.mark.parametrize("scaling, size, expected", [
@@ -100,30 +101,30 @@ def test_two_ranks_log_the_cosine_schedules_lr_each_epoch(tmp_path):
 @pytest.mark.parametrize("size, k, b", [(2, 2, 8), (3, 1, 5), (4, 3, 2)])
 def test_ranks_times_accumulation_see_the_large_batch(size, k, b):
     n, epoch, seed = 1437, 3, 7
-    shards = [data.epoch_shard(n, epoch, seed, r, size) for r in range(size)]
-    single = data.epoch_shard(n, epoch, seed, 0, 1)
+    shards = [sampler.epoch_shard(n, epoch, seed, r, size) for r in range(size)]
+    single = sampler.epoch_shard(n, epoch, seed, 0, 1)
     big = size * k * b
-    steps = data.steps_per_epoch(n, size, b, k)
-    assert steps == data.steps_per_epoch(n, 1, big, 1) == n // big
+    steps = sampler.steps_per_epoch(n, size, b, k)
+    assert steps == sampler.steps_per_epoch(n, 1, big, 1) == n // big
     for s in range(steps):
         together = np.concatenate([shard[s * k * b:(s + 1) * k * b] for shard in shards])
         assert sorted(together) == sorted(single[s * big:(s + 1) * big])
 
 
 def test_shards_are_disjoint_equal_and_reshuffled_each_epoch():
-    shards = [data.epoch_shard(101, 0, 1, r, 4) for r in range(4)]
+    shards = [sampler.epoch_shard(101, 0, 1, r, 4) for r in range(4)]
     assert {len(s) for s in shards} == {25}
     assert len(set(np.concatenate(shards))) == 100
-    assert not np.array_equal(data.epoch_shard(101, 0, 1, 0, 4), data.epoch_shard(101, 1, 1, 0, 4))
+    assert not np.array_equal(sampler.epoch_shard(101, 0, 1, 0, 4), sampler.epoch_shard(101, 1, 1, 0, 4))
 
 
 def test_datasets_are_real_and_split_the_same_way():
-    digits = data.load(Config())
+    digits = datasets.load(Config())
     assert digits.x_train.shape == (1437, 64) and digits.x_test.shape == (360, 64)
     assert digits.num_classes == 10 and set(np.unique(digits.y_train)) == set(range(10))
     assert 0 <= digits.x_train.min() and digits.x_train.max() <= 1
-    assert np.array_equal(data.load(Config(seed=3)).x_train, digits.x_train), "split must not depend on seed"
-    synthetic = data.load(Config(dataset="synthetic"))
+    assert np.array_equal(datasets.load(Config(seed=3)).x_train, digits.x_train), "split must not depend on seed"
+    synthetic = datasets.load(Config(dataset="synthetic"))
     assert synthetic.num_features == 64 and len(np.unique(synthetic.y_train)) == 10
     assert not math.isnan(float(synthetic.x_train.sum()))
 
@@ -131,19 +132,19 @@ def test_datasets_are_real_and_split_the_same_way():
 @pytest.mark.parametrize("size, k, b", [(2, 2, 8), (3, 1, 5)])
 def test_step_indices_are_the_shards_and_survive_a_resize(size, k, b):
     n, epoch, seed = 1437, 2, 7
-    order = data.epoch_order(n, epoch, seed)
-    shards = [data.epoch_shard(n, epoch, seed, r, size) for r in range(size)]
-    steps = data.steps_left(n, 0, size, b, k)
-    assert steps == data.steps_per_epoch(n, size, b, k)
+    order = sampler.epoch_order(n, epoch, seed)
+    shards = [sampler.epoch_shard(n, epoch, seed, r, size) for r in range(size)]
+    steps = sampler.steps_left(n, 0, size, b, k)
+    assert steps == sampler.steps_per_epoch(n, size, b, k)
     for s in range(steps):
-        micro = data.step_indices(order, s * b * k * size, b, k, size, range(size))
+        micro = sampler.step_indices(order, s * b * k * size, b, k, size, range(size))
         for j in range(k):
             assert np.array_equal(micro[j], np.concatenate([sh[(s * k + j) * b:(s * k + j + 1) * b] for sh in shards]))
     # two steps on `size` replicas, then the world shrinks to 1 and grows to 4: every sample once
     seen, position = [], 0
     for world in (size, size, 1, 4, 4):
-        micro = data.step_indices(order, position, b, k, world, range(world))
+        micro = sampler.step_indices(order, position, b, k, world, range(world))
         seen += [i for m in micro for i in m]
         position += b * k * world
     assert len(seen) == len(set(seen)) == position and sorted(seen) == sorted(order[:position])
-    assert data.steps_left(n, position, 4, b, k) == (n - position) // (b * k * 4)
+    assert sampler.steps_left(n, position, 4, b, k) == (n - position) // (b * k * 4)

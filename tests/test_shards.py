@@ -15,7 +15,7 @@ STREAM_LOOP = [sys.executable, str(ROOT / "tests" / "stream_loop.py")]
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    from toolkit.run.ondisk import digits_folder
+    from toolkit.data.ondisk import digits_folder
     return digits_folder(tmp_path_factory.mktemp("digits") / "images")
 
 
@@ -76,7 +76,7 @@ def test_bad_shards_are_one_line(images, tmp_path):
     # another framework's shards: one line naming the fix (the index is read before any framework)
     from toolkit import config
     from toolkit.errors import ToolkitError
-    from toolkit.run import streams
+    from toolkit.data import datasets, streams
     (tmp_path / "rec").mkdir()
     streams.write_index(tmp_path / "rec", format="recordio", kind="image", source="x", framework="mxnet",
                         num_classes=10, splits={"train": [], "eval": []})
@@ -86,7 +86,7 @@ def test_bad_shards_are_one_line(images, tmp_path):
     c = config.resolve({"framework": "torch", "model": "resnet18", "dataset": f"shards:{tmp_path / 'rec'}",
                         "image_size": 32})
     with pytest.raises(ToolkitError, match=r"recordio shards \(mxnet's\).*--framework torch"):
-        streams.datasets(c, str(tmp_path / "rec"))
+        datasets.from_shards(c, str(tmp_path / "rec"))
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
@@ -114,7 +114,7 @@ def test_cifar10_and_text_shards_hold_the_source_samples_under_their_ids(tmp_pat
     from PIL import Image
 
     from tests.workload_data import cifar_folder, text_file
-    from toolkit.run import ondisk
+    from toolkit.data import ondisk
 
     def samples(folder, split):
         index = json.loads((folder / "index.json").read_text())
@@ -151,7 +151,7 @@ def test_cifar10_and_text_shards_hold_the_source_samples_under_their_ids(tmp_pat
 TF_ORDER = """
 import sys, json
 import tensorflow as tf
-from toolkit.run import streams
+from toolkit.data import stream_sampler, streams
 from toolkit.adapters.tensorflow import shards as tfs
 src = streams.shards(sys.argv[1], ids=True)
 feature = {"id": tf.io.FixedLenFeature([], tf.int64)}
@@ -160,7 +160,7 @@ def read(shard, ranges):
         yield from (r.numpy() for r in tf.data.TFRecordDataset(shard.path).skip(a).take(b - a))
 out = []
 for world, rank, consumed in [(2, 1, 0), (2, 0, 40), (3, 2, 200)]:
-    s = streams.StreamSampler([x.samples for x in src.shards], 8, 1, world, range(rank, rank + 1), seed=3, window=64)
+    s = stream_sampler.StreamSampler([x.samples for x in src.shards], 8, 1, world, range(rank, rank + 1), seed=3, window=64)
     s.load_state_dict({"epoch": 2, "segments": [[world, consumed]]})
     reads = s.reads()
     ids = lambda records: [int(tf.io.parse_single_example(r, feature)["id"]) for r in records]

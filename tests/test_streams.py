@@ -1,4 +1,4 @@
-"""The sharded stream's guarantee, framework-free (toolkit/run/streams.py): every sample once per
+"""The sharded stream's guarantee, framework-free (toolkit/data/stream_sampler.py, toolkit/data/streams.py): every sample once per
 epoch across the ranks, a resume mid-epoch and a change of world that neither repeat nor skip a
 sample, shards dealt balanced by sample count, each rank reading only its part of a shard. The
 real readers and jobs: tests/test_shards.py."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from toolkit.errors import ToolkitError
-from toolkit.run import streams
+from toolkit.data import stream_sampler, streams
 
 SIZES = [37, 50, 8, 61, 44, 29, 70, 13]          # samples per shard: uneven, as real shards end
 
@@ -19,7 +19,7 @@ def _ids(sizes):
 
 
 def _samplers(world, b=4, k=2, window=16, seed=3, train=True, sizes=SIZES):
-    return [streams.StreamSampler(sizes, b, k, world, range(r, r + 1), seed, train=train, window=window)
+    return [stream_sampler.StreamSampler(sizes, b, k, world, range(r, r + 1), seed, train=train, window=window)
             for r in range(world)]
 
 

@@ -143,7 +143,7 @@ def batches(a) -> list:
     import numpy as np
     import tensorflow as tf
     from toolkit.adapters.tensorflow import data
-    from toolkit.run.data import Sampler
+    from toolkit.data.sampler import Sampler
     i = np.arange(8)
     ds = tf.data.Dataset.from_tensor_slices(elements(a.elements, i, i * 10, i * 100))
     sampler = Sampler(8, batch_size=2, world=2, replicas=range(2), train=False)

@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import TRAIN, assert_replicas, one_line_error, run, train_job
 from tests.workload_data import cifar_folder, digits_folder, text_file
-from toolkit.run import ondisk
+from toolkit.data import ondisk
 from toolkit import config as config_module
-from toolkit.build import toolchain
+from toolkit.install import toolchain
 from toolkit.errors import ToolkitError
 
 FRAMEWORKS = ("torch", "tensorflow", "mxnet")
@@ -209,7 +209,7 @@ def test_transformer_lm_is_causal(framework):
 READER = """
 import sys
 from toolkit import config as C
-from toolkit.run import data
+from toolkit.data import datasets as data
 cfg = C.load(dict(framework=sys.argv[1], model="resnet18", dataset="imagefolder:" + sys.argv[2], image_size=32))
 d = data.datasets(cfg)
 if sys.argv[1] == "tensorflow":
@@ -225,7 +225,7 @@ print(sizes[0], sizes[1], *labels)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_frameworks_reader_holds_out_the_same_images(framework, tmp_path):
     """A folder of class folders only: every framework's reader trains on 80% and evaluates the same
-    held-out 20% (toolkit/run/ondisk.py's fixed split), with the labels of those files."""
+    held-out 20% (toolkit/data/ondisk.py's fixed split), with the labels of those files."""
     import sys
     root = digits_folder(tmp_path / "d", per_class=5)
     folder = ondisk.image_folder("imagefolder:x", str(root))

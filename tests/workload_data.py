@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.run.ondisk import digits_folder  # noqa: F401  (the tests' image folder)
+from toolkit.data.ondisk import digits_folder  # noqa: F401  (the tests' image folder)
 
 
 def cifar_folder(root: Path, per_batch: int = 16) -> Path:

@@ -24,6 +24,6 @@ def shards(path, split="train", ids=False):
     """Shards written by `toolkit shards` (a folder, or a glob/brace pattern of its training shards) for
     `session.loader(...)`: every sample once per epoch across the ranks, resumable mid-epoch and
     across a change of world. `split="eval"` for the held-out shards; `ids=True`: samples (x, y, id)."""
-    from toolkit.run import streams
+    from toolkit.data import streams
 
     return streams.shards(str(path), split, ids)

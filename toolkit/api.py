@@ -6,8 +6,8 @@ loaders. The verbs themselves are the session's (adapters/base.py, docs/API.md).
 from __future__ import annotations
 
 from toolkit import registry, usercode
-from toolkit.run import data as datasets
 from toolkit.config import Config, is_reference
+from toolkit.data import datasets
 from toolkit.errors import ToolkitError
 
 

@@ -53,7 +53,7 @@ def version() -> str:
     """`horovod-toolkit 0.2.0 (builds Horovod 0.28.1; Python 3.11.7 at /usr/bin/python3.11)`: the
     distribution's name and version, the Horovod it builds, the Python; no framework imported."""
     from toolkit import __version__
-    from toolkit.build import pins, support
+    from toolkit.install import pins, support
 
     return (f"{support.DISTRIBUTION} {__version__} (builds Horovod {pins.HOROVOD}; "
             f"Python {sys.version.split()[0]} at {sys.executable})")

@@ -1,6 +1,7 @@
 """(framework, backend) -> the session class (the framework's tensor work) and its strategy class (how
 gradients and state move: adapters/strategy.py), imported only when chosen, so `import toolkit` stays
 light. A new backend is one strategy module and one row here.
+The framework's own data modules (its image-folder and shard readers) are reached here too (`reader`).
 
 Availability is decided here, once, from `importlib.util.find_spec` (no framework import).
 What each implementation can do (ops, compressions) is declared here too and checked when the
@@ -131,8 +132,21 @@ def load(name: str, backend: str = "horovod", keras: str = "keras3"):
     framework is missing."""
     s = spec(name)
     if not is_available(name):
-        from toolkit.build import pins, support
+        from toolkit.install import pins, support
         raise ToolkitError(f"framework={name!r} is not installed in this Python; install it: "
                            f"{support.install_fix(*pins.framework_requirements(name))}")
     implementation = s.implementation(backend, keras)
     return _import(implementation.session), _import(implementation.strategy)
+
+
+# The framework's own data modules, adapters/<framework>/<name>.py under the same names in every framework:
+# `images` reads an image folder as toolkit/data/ondisk.py listed it; `shards` writes and reads sharded streams.
+READERS = ("images", "shards")
+
+
+def reader(name: str, kind: str):
+    """Framework `name`'s data module `kind` (one of READERS), imported only when asked."""
+    if kind not in READERS:
+        raise ValueError(f"registry.reader({name!r}, {kind!r}): kind is one of {', '.join(READERS)}")
+    spec(name)
+    return importlib.import_module(f"toolkit.adapters.{name}.{kind}")

@@ -1,4 +1,4 @@
-"""An image folder's files as toolkit/run/ondisk.py listed them, read as Gluon's `ImageFolderDataset`
+"""An image folder's files as toolkit/data/ondisk.py listed them, read as Gluon's `ImageFolderDataset`
 reads them (`mx.image.imread`, RGB): resized to `size`, the usual light augmentation (random crop
 padded by 1/8 of the side, horizontal flip) on training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.gluon.data.vision import transforms as T
 
-from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
+from toolkit.data.ondisk import IMAGENET_MEAN, IMAGENET_STD
 
 
 class Files(gluon.data.Dataset):

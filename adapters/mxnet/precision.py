@@ -1,4 +1,4 @@
-"""Precision for MXNet, one object (the same shape as torch's, adapters/torch/precision.py).
+"""Precision for MXNet (the interface: adapters/precision.py).
 
 bf16 is MXNet's AMP (mxnet.contrib.amp): it casts the inputs of its bf16 operators (convolutions,
 dense layers) to bfloat16 in every model built after the session starts; parameters, their
@@ -7,11 +7,11 @@ fp16 is refused for MXNet when the config resolves (toolkit/registry.py).
 """
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 
-from toolkit.build import toolchain
+from toolkit.install import toolchain
+from toolkit.adapters.precision import Precision as Base
 from toolkit.errors import ToolkitError
 
 
@@ -38,9 +38,7 @@ def check_bf16_cpu(flags: frozenset[str]) -> None:
                            "or tensorflow")
 
 
-class Precision:
-    scales = False
-
+class Precision(Base):
     def __init__(self, name: str, on_cpu: bool = True):
         self.name = name
         if name == "bf16" and on_cpu:
@@ -48,19 +46,14 @@ class Precision:
         if name == "bf16":
             _amp_bf16()
 
-    def forward_context(self):
-        return contextlib.nullcontext()     # AMP casts inside the operators
+    def backward(self, loss) -> None:
+        """Nothing is scaled (AMP casts inside the operators; bf16 needs no loss scale)."""
+        loss.backward()
 
     def unscale(self, trainer) -> None:
-        pass
+        """Nothing to divide: no loss scale."""
 
     def step(self, trainer, batch: float) -> bool:
         """The Trainer's update of the reduced gradients (divided by `batch`); never skipped."""
         trainer.update(batch)
         return False
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass

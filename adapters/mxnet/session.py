@@ -23,7 +23,7 @@ from toolkit.adapters.horovod import threads_per_rank
 from toolkit.adapters.mxnet.precision import Precision, float32 as _float32
 from toolkit.config import PS_SYNCS, Optimizer
 from toolkit.errors import ToolkitError
-from toolkit.run.data import map_structure
+from toolkit.data.batch import map_structure
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
 os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank()))
@@ -79,7 +79,8 @@ class MxnetSession(DeferredShapes, Session):
             self._first_call = model.register_forward_pre_hook(self._finish_setup)
         return model
 
-    def _trainable(self) -> list:
+    def trainable(self) -> list:
+        """The parameters the optimizer trains (grad_req not null)."""
         return [p for p in self.params.values() if p.grad_req != "null"]
 
     def _make_optimizer(self, model):
@@ -139,7 +140,7 @@ class MxnetSession(DeferredShapes, Session):
     # -- the step -----------------------------------------------------------------------------------
     def backward(self, loss, tape=None) -> None:
         """`loss` as Gluon's losses give it, one value per sample (or a mean: one value)."""
-        loss.backward()
+        self.precision.backward(loss)
         self._samples += int(loss.size)
         self._loss = loss.sum() if self.micro == 0 else self._loss + loss.sum()     # / samples: the step's mean
         self.micro += 1
@@ -150,7 +151,7 @@ class MxnetSession(DeferredShapes, Session):
         for x, y in batches:
             with autograd.record():
                 loss = self.loss_fn(self.model(x), y)
-            loss.backward()
+            self.precision.backward(loss)
             part = loss.mean()
             total = part if total is None else total + part
             samples += int(loss.size)
@@ -173,7 +174,7 @@ class MxnetSession(DeferredShapes, Session):
 
     def _clip_gradients(self, max_norm: float, batch: float):
         """The reduced gradient's norm as it will be applied (x `_scale` / batch), and .grad clipped."""
-        grads = [p.grad(self.ctx) for p in self._trainable()]
+        grads = [p.grad(self.ctx) for p in self.trainable()]
         scale = self.optimizer._scale / batch
         norm = float(mx.nd.add_n(*[(g * g).sum() for g in grads]).sqrt().asscalar()) * scale
         if (factor := numerics.clip_factor(norm, max_norm)) is not None:
@@ -183,18 +184,18 @@ class MxnetSession(DeferredShapes, Session):
 
     def _zero_grad(self) -> None:
         if self.accumulate:
-            for p in self._trainable():
+            for p in self.trainable():
                 p.zero_grad()
         self._samples = 0
 
     def local_gradients(self, batches=None):
         loss, samples = self._micro_batches(batches) if batches is not None else (None, self._samples)
-        grads = [p.grad(self.ctx).asnumpy() / samples for p in self._trainable()]
+        grads = [p.grad(self.ctx).asnumpy() / samples for p in self.trainable()]
         self._zero_grad()
         return (self.to_float(loss) if loss is not None else None), grads
 
     def apply_gradients(self, grads) -> None:
-        for p, g in zip(self._trainable(), grads):
+        for p, g in zip(self.trainable(), grads):
             p.grad(self.ctx)[:] = mx.nd.array(g, ctx=self.ctx, dtype=g.dtype)
         self.optimizer.step(1)
         self._zero_grad()
@@ -203,14 +204,14 @@ class MxnetSession(DeferredShapes, Session):
         """The trainable parameters; none while Gluon still defers their shapes."""
         if not self.shapes_known:
             return []
-        return [p.data(self.ctx).asnumpy() for p in self._trainable()]
+        return [p.data(self.ctx).asnumpy() for p in self.trainable()]
 
     def set_weights(self, arrays) -> None:
-        for p, a in zip(self._trainable(), arrays, strict=True):
+        for p, a in zip(self.trainable(), arrays, strict=True):
             p.set_data(mx.nd.array(a, ctx=self.ctx, dtype=a.dtype))
 
     def _state_arrays(self) -> list:
-        arrays = [p.data(self.ctx) for p in self._trainable()]
+        arrays = [p.data(self.ctx) for p in self.trainable()]
         states = self.optimizer._updaters[0].states     # optimizer slots by parameter index, made at the first step
         for index in sorted(states):
             state = states[index]

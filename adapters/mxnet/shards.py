@@ -1,5 +1,5 @@
 """Sharded streams for MXNet: RecordIO shards (`.rec` with its `.idx`), written and read with
-`mx.recordio.MXIndexedRecordIO` (the id in each record's header, the label too; toolkit/run/streams.py
+`mx.recordio.MXIndexedRecordIO` (the id in each record's header, the label too; toolkit/data/stream_sampler.py
 says which samples each rank reads); images decoded with `mx.image.imdecode` and transformed by
 `imagefolder:`'s transform (adapters/mxnet/images.py), tokens as `text:`. The index lets a rank seek to its
 part of a shard."""

@@ -8,9 +8,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from toolkit.adapters.horovod import import_horovod
+from toolkit.adapters.horovod import allreduce_gradients, import_horovod
 from toolkit.adapters.tensorflow.keras import statistics
-from toolkit.adapters.tensorflow.strategies.horovod import allreduce_gradients
 from toolkit.exchange.arrays import flatten, unflatten
 
 

@@ -1,4 +1,4 @@
-"""An image folder's files as toolkit/run/ondisk.py listed them, read as
+"""An image folder's files as toolkit/data/ondisk.py listed them, read as
 `keras.utils.image_dataset_from_directory` reads them (`decode_image` to RGB, bilinear `resize` to
 `size`, int32 labels), the usual light augmentation (random crop padded by 1/8 of the side,
 horizontal flip) on training images when `augment`, ImageNet's normalisation. A folder of class
@@ -8,7 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from toolkit.adapters.tensorflow.data import error_line
-from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD, MAGIC
+from toolkit.data.ondisk import IMAGENET_MEAN, IMAGENET_STD, MAGIC
 
 
 def crop_flip(x, size: int):

@@ -18,6 +18,7 @@ from toolkit.errors import ToolkitError
 
 WEIGHTS_FILE = "weights.npz"
 OPTIMIZER_FILE = "optimizer.npz"
+LOSS_SCALE_FILE = "loss_scale.npz"     # fp16's loss scale (adapters/tensorflow/precision.py)
 
 
 def set_threads(threads: int) -> None:
@@ -69,7 +70,7 @@ class KerasSession(Session):
         return Precision(self.config.precision.value, self.keras)
 
     def _gradients(self, tape, loss, variables):
-        return self.precision.gradients(tape, loss, variables)
+        return self.precision.backward(loss, tape, variables)
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.tensorflow import models
@@ -217,7 +218,9 @@ class KerasSession(Session):
     def _save_objects(self, folder: Path) -> None:
         save_arrays(folder / WEIGHTS_FILE, self.model.get_weights())
         save_arrays(folder / OPTIMIZER_FILE, [v.numpy() for v in self.optimizer.variables])
-        self.precision.save(folder, save_arrays)
+        state = self.precision.state_dict()
+        if state:       # fp16's loss scale
+            save_arrays(folder / LOSS_SCALE_FILE, [state["scale"], state["good"]])
 
     def _load_objects(self, folder: Path) -> None:
         self.model.set_weights(load_arrays(folder / WEIGHTS_FILE))
@@ -227,7 +230,9 @@ class KerasSession(Session):
                              f"{len(self.optimizer.variables)} (another optimizer or model?)")
         for v, value in zip(self.optimizer.variables, state):
             v.assign(value)
-        self.precision.load(folder, load_arrays)
+        if (folder / LOSS_SCALE_FILE).is_file():
+            scale, good = load_arrays(folder / LOSS_SCALE_FILE)
+            self.precision.load_state_dict({"scale": scale, "good": good})
 
     def snapshot(self):
         return [v.numpy() for v in self.model.variables + list(self.optimizer.variables)]

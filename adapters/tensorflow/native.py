@@ -20,9 +20,6 @@ class NativeSession(KerasSession):
     name = "tensorflow"
 
     # -- model ------------------------------------------------------------------------------------
-    def scope(self):
-        return self.strategy.scope()
-
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         self._builtin = (num_features, num_classes, input_shape)     # setup() gives each replica its own start
         return models.build(self.config, num_features, num_classes, input_shape=input_shape)

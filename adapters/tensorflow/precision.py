@@ -1,4 +1,4 @@
-"""Precision for Keras (3, or tf-keras), one object (the same shape as torch's, adapters/torch/precision.py):
+"""Precision for Keras (3, or tf-keras) (the interface: adapters/precision.py):
 the global mixed policy (set when the session starts, before any model is built: bf16 or fp16
 compute, float32 variables, so float32 gradients on the wire), fp16's dynamic loss scale and the
 scaled backward (the tape's output_gradients), unscale with the finite check and the update applied
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-LOSS_SCALE_FILE = "loss_scale.npz"
+from toolkit.adapters.precision import Precision as Base
+
 POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
@@ -29,22 +30,22 @@ class LossScale:
         self.good.assign(tf.where(grow, tf.constant(0, tf.int64), good))
 
 
-class Precision:
+class Precision(Base):
     def __init__(self, name: str, keras_module):
         self.name = name
         self.loss_scale: LossScale | None = None       # fp16, made by build() when the optimizer is wrapped
         keras_module.mixed_precision.set_global_policy(POLICIES.get(name, "float32"))
-
-    def forward_context(self):
-        import contextlib
-        return contextlib.nullcontext()     # the global policy casts inside the layers
 
     def build(self) -> None:
         """fp16's loss scale (once: an elastic reset keeps it)."""
         if self.name == "fp16" and self.loss_scale is None:
             self.loss_scale = LossScale()
 
-    def gradients(self, tape, loss, variables):
+    @property
+    def scales(self) -> bool:
+        return self.loss_scale is not None
+
+    def backward(self, loss, tape, variables):
         """The tape's gradients of `loss`; with fp16, of loss x the loss scale (output_gradients: the
         scale enters the backward pass, so small fp16 gradients do not flush to zero)."""
         if self.loss_scale is None:
@@ -59,7 +60,7 @@ class Precision:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         return grads, finite
 
-    def apply(self, finite, update) -> None:
+    def step(self, update, finite) -> None:
         """`update()` in the graph, or (fp16, a gradient not finite) skipped and the loss scale lowered:
         the same on every rank, since the gradients are reduced."""
         if self.loss_scale:
@@ -68,12 +69,13 @@ class Precision:
         else:
             update()
 
-    def save(self, folder, save_arrays) -> None:
-        if self.loss_scale is not None:     # fp16's loss scale, for an exact resume
-            save_arrays(folder / LOSS_SCALE_FILE, [self.loss_scale.scale.numpy(), self.loss_scale.good.numpy()])
+    def state_dict(self) -> dict:
+        """fp16's loss scale and its count of finite steps, for an exact resume; {} without one."""
+        if self.loss_scale is None:
+            return {}
+        return {"scale": self.loss_scale.scale.numpy(), "good": self.loss_scale.good.numpy()}
 
-    def load(self, folder, load_arrays) -> None:
-        if self.loss_scale is not None and (folder / LOSS_SCALE_FILE).is_file():
-            scale, good = load_arrays(folder / LOSS_SCALE_FILE)
-            self.loss_scale.scale.assign(scale)
-            self.loss_scale.good.assign(good)
+    def load_state_dict(self, state: dict) -> None:
+        if self.loss_scale is not None and state:
+            self.loss_scale.scale.assign(state["scale"])
+            self.loss_scale.good.assign(state["good"])

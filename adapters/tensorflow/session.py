@@ -42,7 +42,7 @@ class TensorflowSession(KerasSession):
                 self.optimizer.apply_gradients(zip(self._with_weight_decay(grads), variables))
                 return tf.constant(True)
 
-            precision.apply(finite, update)
+            precision.step(update, finite)
             if average_loss and allreduce:
                 loss = strategy.average_loss(loss)
             return norm, loss, finite
@@ -82,7 +82,7 @@ class TensorflowSession(KerasSession):
         converted in place (its learning-rate schedule, slots and step count kept): give it the one
         `setup` returned, and fit trains the optimizer the session checkpoints. Then step it with
         fit only (session.step and train_step reduce on their own: twice)."""
-        return self.strategy.fit_optimizer(self, optimizer)
+        return self.strategy.fit_optimizer(self, optimizer if optimizer is not None else self._make_optimizer(None))
 
     def fit_callbacks(self) -> list:
         """For `model.fit(callbacks=...)`, first in the list: rank 0's weights on every rank at the

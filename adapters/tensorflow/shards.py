@@ -1,5 +1,5 @@
 """Sharded streams for TensorFlow: TFRecord shards of `tf.train.Example`s (id, label, data), written
-with `tf.io.TFRecordWriter` and read with `tf.data.TFRecordDataset` (toolkit/run/streams.py says which
+with `tf.io.TFRecordWriter` and read with `tf.data.TFRecordDataset` (toolkit/data/stream_sampler.py says which
 samples each rank reads, in which order); reordered, decoded, resized and augmented in tf.data as
 `imagefolder:` is (adapters/tensorflow/images.py), tokens as `text:`. No Python runs per record: a
 generator feeding tf.data held the GIL beside the training step and cost a third of the training

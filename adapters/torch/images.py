@@ -1,4 +1,4 @@
-"""An image folder's files as toolkit/run/ondisk.py listed them (read as torchvision's `ImageFolder`
+"""An image folder's files as toolkit/data/ondisk.py listed them (read as torchvision's `ImageFolder`
 would: PIL, converted to RGB): resized to `size`, the usual light augmentation (random crop padded by
 1/8 of the side, horizontal flip) on training images when `augment`, ImageNet's normalisation."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torchvision import transforms as T
 
-from toolkit.run.ondisk import IMAGENET_MEAN, IMAGENET_STD
+from toolkit.data.ondisk import IMAGENET_MEAN, IMAGENET_STD
 
 
 class Files(torch.utils.data.Dataset):

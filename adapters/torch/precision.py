@@ -1,4 +1,4 @@
-"""Precision for torch, one object (Lightning Fabric's MixedPrecision shape): the forward pass's
+"""Precision for torch (the interface: adapters/precision.py): the forward pass's
 context (torch.autocast in bf16 or fp16), the scaled backward, unscale, the step that fp16 skips on
 overflow, and its state in checkpoints (GradScaler's loss scale, for an exact resume).
 
@@ -10,10 +10,12 @@ import contextlib
 
 import torch
 
+from toolkit.adapters.precision import Precision as Base
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Precision:
+class Precision(Base):
     def __init__(self, name: str, device: torch.device):
         self.name, self.device = name, device
         self.dtype = DTYPES.get(name)

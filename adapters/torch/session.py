@@ -25,7 +25,7 @@ from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import Optimizer
 from toolkit.errors import ToolkitError
-from toolkit.run.data import map_structure
+from toolkit.data.batch import map_structure
 
 STATE_FILE = "state.pt"
 

@@ -124,7 +124,7 @@ def broadcast(session, strategy, stash: dict | None) -> None:
         else stash is not None
     if not loading:
         return
-    part = session._part
+    part = session.part
     if strategy.sharding is Sharding.ZERO1:
         model = strategy.unwrap(part.model)
         if stash is not None:

@@ -1,5 +1,5 @@
 """Sharded streams for torch: WebDataset tar shards, written with webdataset's `TarWriter` and read
-with its tar iterators (toolkit/run/streams.py says which samples each rank reads); images decoded
+with its tar iterators (toolkit/data/stream_sampler.py says which samples each rank reads); images decoded
 with PIL and transformed by `imagefolder:`'s transform (adapters/torch/images.py), tokens as `text:`.
 DataLoader workers (`loader_workers`) decode micro-batches in turn: worker w takes micro-batches
 w, w + workers, ... and the DataLoader yields them in order, so the stream's order is the same with

@@ -1,6 +1,6 @@
-"""`toolkit build-horovod`: Horovod (the version toolkit/build/pins.py pins) built against this environment's frameworks,
+"""`toolkit build-horovod`: Horovod (the version toolkit/install/pins.py pins) built against this environment's frameworks,
 cached."""
-from toolkit.build import pins
+from toolkit.install import pins
 
 
 def register(sub) -> None:
@@ -33,7 +33,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from toolkit.build import horovod as horovod_build, support, toolchain
+    from toolkit.install import horovod as horovod_build, support, toolchain
     from toolkit.errors import ToolkitError
 
     if args.frameworks is None:

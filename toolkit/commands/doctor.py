@@ -10,7 +10,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from toolkit import config
-    from toolkit.build import doctor
+    from toolkit.install import doctor
 
     framework = args.framework or config.resolve({}).framework
     return doctor.report(framework)

@@ -8,6 +8,18 @@ import os
 import sys
 
 
+class LauncherNames:
+    """--launcher's choices: the names of toolkit.launch.launchers.LAUNCHERS, imported only when argparse looks
+    (a --launcher given, or --help), so building the parser stays quick for every other command."""
+
+    def __iter__(self):
+        from toolkit.launch.launchers import LAUNCHERS
+        return iter(LAUNCHERS)
+
+    def __contains__(self, name) -> bool:
+        return name in list(self)
+
+
 def register(sub) -> None:
     p = sub.add_parser("launch", help="start a command on N ranks via horovodrun or mpirun",
                        usage="toolkit launch -np N [-H host:slots,...|--hostfile FILE] [--gloo|--mpi] [--framework F] "
@@ -16,7 +28,7 @@ def register(sub) -> None:
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
     hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")
-    p.add_argument("--launcher", default=None, choices=("horovodrun", "mpirun", "tf_config", "torchrun", "ray", "spark"),
+    p.add_argument("--launcher", default=None, choices=LauncherNames(),
                    help="default horovodrun; with --backend native: torchrun (torch) or tf_config (tensorflow); "
                         "ray or spark: the workers run on that engine (docs/CLUSTERS.md)")
     p.add_argument("--framework", default=None, help="sets TOOLKIT_FRAMEWORK for the ranks (unless set)")
@@ -58,7 +70,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-NATIVE_LAUNCHERS = {"torch": "torchrun", "tensorflow": "tf_config"}    # --backend native: who starts the ranks
 HOROVOD_TUNING = ("fusion_threshold_mb", "cycle_time_ms", "autotune", "timeline_file")
 
 
@@ -67,6 +78,9 @@ def run(args) -> int:
     from toolkit.errors import ToolkitError
     from toolkit.launch import launcher as launch
     from toolkit.launch.hosts import read_hostfile
+    from toolkit.launch.launchers import LAUNCHERS
+    from toolkit.launch.spec import LaunchSpec, choose_launcher
+    from toolkit.launch.tuning import tuning_env
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found = config.command_keys(command)
@@ -74,7 +88,7 @@ def run(args) -> int:
     if framework is not None and args.backend is not None and args.backend not in registry.spec(framework).backends:
         raise ToolkitError(f"--backend {args.backend} is not available for --framework {framework}; "
                            f"use one of: {', '.join(registry.spec(framework).backends)}")
-    launcher = _launcher(args, framework)
+    launcher = choose_launcher(args.launcher, args.backend, framework, args.controller)
     env = list(args.env)
     for key, value in (("framework", args.framework), ("backend", args.backend)):
         if value is not None and f"TOOLKIT_{key.upper()}" not in os.environ:
@@ -84,23 +98,24 @@ def run(args) -> int:
     if launcher == "torchrun" and tuning:
         raise ToolkitError(f"{' '.join(tuning)}: Horovod's tuning, and torchrun's ranks run torch.distributed "
                            f"without Horovod: drop {'it' if len(tuning) == 1 else 'them'}")
-    env += launch.tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_file)
+    env += tuning_env(args.fusion_threshold_mb, args.cycle_time_ms, args.autotune, args.timeline_file)
     hosts = read_hostfile(args.hostfile) if args.hostfile else args.hosts
     elastic = _elastic_settings(args, found)
-    for key, value in elastic.items():     # the ranks learn they run elastically, from flags too
+    horovod = "horovod" in LAUNCHERS[launcher].backends
+    for key, value in elastic.items():     # the ranks learn they run Horovod elastic, from flags too
         # (not under torchrun: it restarts the ranks, which resume from a checkpoint, no Horovod elastic)
-        if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ and launcher != "torchrun":
+        if value is not None and f"TOOLKIT_ELASTIC_{key.upper()}" not in os.environ and horovod:
             env.append(f"TOOLKIT_ELASTIC_{key.upper()}={value}")
-    spec = launch.LaunchSpec(min_np=elastic["min_np"], max_np=elastic["max_np"], discovery=elastic["discovery"],
-                             command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
-                             controller=args.controller, start_timeout=args.start_timeout,
-                             network_interface=args.network_interface, env=tuple(env),
-                             ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-                             address=args.address, master=args.master, cpus_per_worker=args.cpus_per_worker,
-                             gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod")
-    if args.emit and launcher in ("ray", "spark"):
+    spec = LaunchSpec(min_np=elastic["min_np"], max_np=elastic["max_np"], discovery=elastic["discovery"],
+                      command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
+                      controller=args.controller, start_timeout=args.start_timeout,
+                      network_interface=args.network_interface, env=tuple(env),
+                      ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                      address=args.address, master=args.master, cpus_per_worker=args.cpus_per_worker,
+                      gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod")
+    if args.emit and LAUNCHERS[launcher].engine:
         raise ToolkitError(f"--emit {args.emit} writes a job for Slurm or Kubernetes; --launcher {launcher} runs on a "
-                           f"{launcher.capitalize()} cluster instead: drop one of them")
+                           f"{LAUNCHERS[launcher].title} cluster instead: drop one of them")
     if args.emit:
         from toolkit.launch import recipes
         if args.emit == "slurm":
@@ -139,35 +154,6 @@ def _flag(command, name: str) -> str | None:
         elif arg.startswith(name + "="):
             value = arg.split("=", 1)[1]
     return value
-
-
-def _launcher(args, framework: str | None) -> str:
-    """--launcher, or the one --backend native needs for the framework."""
-    from toolkit.errors import ToolkitError
-
-    if args.backend != "native":
-        return args.launcher or "horovodrun"
-    if args.launcher in ("ray", "spark"):
-        if framework not in (None, "torch"):
-            raise ToolkitError(f"--backend native on {args.launcher} is torch's ({'Ray Train TorchTrainer' if args.launcher == 'ray' else 'TorchDistributor'}); "
-                               f"{framework} runs there with --backend horovod")
-        return args.launcher
-    if args.launcher in ("horovodrun", "mpirun"):
-        raise ToolkitError(f"--backend native starts the framework's own workers (torch: torchrun, tensorflow: "
-                           f"TF_CONFIG workers), without Horovod; drop --launcher {args.launcher}")
-    if framework is None:
-        if args.launcher:
-            return args.launcher
-        if args.controller:
-            raise ToolkitError(f"--{args.controller} is a Horovod controller; --backend native runs without "
-                               "Horovod: drop it")
-        raise ToolkitError("--backend native: torch ranks start with torchrun, TensorFlow's as TF_CONFIG workers, "
-                           "and nothing says which the command runs; add --framework torch or --framework tensorflow")
-    wanted = NATIVE_LAUNCHERS.get(framework)
-    if args.launcher and wanted and args.launcher != wanted:
-        raise ToolkitError(f"--launcher {args.launcher} does not start {framework}'s native workers; drop it "
-                           f"(--backend native with {framework} uses {wanted})")
-    return args.launcher or wanted
 
 
 def _elastic_settings(args, found) -> dict:

@@ -41,21 +41,22 @@ def register(sub) -> None:
 
 def cluster_from(args):
     """The cluster from the flags (or a calibration file): every flag checked before anything runs."""
-    from toolkit.planner import scaling
+    from toolkit.exchange import wire
+    from toolkit.planner import scaling, units
     from toolkit.errors import ToolkitError
 
-    gpus = scaling.parse_counts(args.gpus, "--gpus")
+    gpus = units.parse_counts(args.gpus, "--gpus")
     if args.gpus_per_node < 1:
         raise ToolkitError(f"--gpus-per-node {args.gpus_per_node}: must be at least 1")
     if args.gpus_per_node > gpus[-1]:
         raise ToolkitError(f"--gpus-per-node {args.gpus_per_node} is larger than the largest --gpus ({gpus[-1]}); "
                            f"give the GPUs of one node, e.g. --gpus-per-node {min(8, gpus[-1])}")
-    inter = scaling.Link(scaling.parse_duration(args.latency, "--latency"),
-                         scaling.parse_bandwidth(args.inter_node, "--inter-node"))
-    intra = scaling.Link(scaling.parse_duration(args.intra_latency, "--intra-latency"),
-                         scaling.parse_bandwidth(args.intra_node, "--intra-node"))
-    words = (f"{args.gpus_per_node} GPUs a node, {scaling.format_bandwidth(inter.bandwidth)} and "
-             f"{scaling.format_duration(inter.alpha)} between nodes, {scaling.format_bandwidth(intra.bandwidth)} within")
+    inter = wire.Link(units.parse_duration(args.latency, "--latency"),
+                      units.parse_bandwidth(args.inter_node, "--inter-node"))
+    intra = wire.Link(units.parse_duration(args.intra_latency, "--intra-latency"),
+                      units.parse_bandwidth(args.intra_node, "--intra-node"))
+    words = (f"{args.gpus_per_node} GPUs a node, {units.format_bandwidth(inter.bandwidth)} and "
+             f"{units.format_duration(inter.alpha)} between nodes, {units.format_bandwidth(intra.bandwidth)} within")
     if args.calibration:
         try:
             data = json.loads(Path(args.calibration).read_text())
@@ -66,7 +67,7 @@ def cluster_from(args):
             raise ToolkitError(f"--calibration {args.calibration}: not a calibration file ({e}); make one with "
                                f"benchmarks/scaling_calibrate.py") from None
         words = (f"{args.gpus_per_node} GPUs a node, calibrated ({args.calibration}): "
-                 f"{scaling.format_bandwidth(inter.bandwidth)}, {scaling.format_duration(inter.alpha)} a message")
+                 f"{units.format_bandwidth(inter.bandwidth)}, {units.format_duration(inter.alpha)} a message")
     if args.step_ms is not None and not args.step_ms > 0:
         raise ToolkitError(f"--step-ms {args.step_ms:g}: must be more than 0 (one worker's step in milliseconds)")
     if not 0 <= args.straggle < 1:
@@ -105,5 +106,5 @@ def run(args) -> int:
 
 
 def _link(values: dict):
-    from toolkit.planner import scaling
-    return scaling.Link(float(values["alpha"]), float(values["bandwidth"]), float(values.get("overhead", 0.0)))
+    from toolkit.exchange import wire
+    return wire.Link(float(values["alpha"]), float(values["bandwidth"]), float(values.get("overhead", 0.0)))

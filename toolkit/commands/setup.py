@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit.build import envsetup
+    from toolkit.install import envsetup
 
     engines = envsetup.parse_engines(args.engines)    # an unknown name: one line, before anything runs
     build_args = list(args.build_args)

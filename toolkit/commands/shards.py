@@ -1,5 +1,5 @@
 """`toolkit shards SOURCE OUT --framework F [--shard-size N]`: a dataset written as a framework's shards
-with their index (toolkit/run/shardwrite.py), for `dataset: shards:OUT`."""
+with their index (toolkit/data/shardwrite.py), for `dataset: shards:OUT`."""
 
 
 def register(sub) -> None:
@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from toolkit.run import shardwrite
+    from toolkit.data import shardwrite
     if args.framework == "tensorflow":      # TensorFlow's start-up chatter off stderr, as in training
         from toolkit.run import quiet
         quiet.filter_stderr()

@@ -15,7 +15,7 @@ Bad input raises `ToolkitError` with one line naming the key, where it came from
     docs.py     docs/CONFIG.md, generated from the fields (`toolkit config docs`)
 """
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrSchedule, LrScaling, Model, Op, Optimizer, Precision, Sharding, Strategy, Sync)
+                    LrSchedule, LrScaling, Model, Op, Optimizer, Precision, Sharding, Sync, TfStrategy)
 from .groups import (ELASTIC_KEYS, GROUP_CLASSES, GROUPS, ORDER, CheckpointConfig, CommunicationConfig,
                      ElasticConfig, HorovodConfig, LaunchConfig, ParameterServerConfig, PrecisionConfig,
                      WorkloadConfig, _example, _f, _plain, flag, unset_default)
@@ -25,11 +25,14 @@ from .sources import (ENV_PREFIX, ENV_RESERVED, USAGE, _field, add_arguments, co
                       resolve)
 from .values import _FALSE, _TRUE, ConfigError, _base_type, _coerce, flatten_groups
 
+# The TensorFlow strategy enum's earlier name (adapters/strategy.py's Strategy is another thing).
+Strategy = TfStrategy
+
 __all__ = [
     "Backend", "CheckpointConfig", "Sharding", "CommunicationConfig", "Compression", "Config", "ConfigError", "Dataset",
     "ELASTIC_KEYS", "ENV_PREFIX", "ENV_RESERVED", "ElasticConfig", "GROUPS", "GROUP_CLASSES", "HorovodConfig",
     "IMAGE_MODELS", "Keras", "LaunchConfig", "LrSchedule", "LrScaling", "Model", "ON_DISK", "ORDER", "Op",
-    "Optimizer", "PS_SYNCS", "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync",
+    "Optimizer", "PS_SYNCS", "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync", "TfStrategy",
     "TOOLKIT_COMPRESSIONS", "USAGE", "WorkloadConfig", "add_arguments", "command_keys", "flag", "flatten_groups",
     "is_reference", "load", "on_disk", "read_env", "read_yaml", "resolve", "unset_default",
 ]

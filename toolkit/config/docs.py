@@ -1,11 +1,12 @@
-"""docs/CONFIG.md, generated from the fields (groups.py): `python -m toolkit config docs > docs/CONFIG.md`.
-tests/test_config.py fails when the file differs from `render()`."""
+"""What is generated from the fields (groups.py): docs/CONFIG.md (`render()`: `python -m toolkit config docs >
+docs/CONFIG.md`) and Config's declarations of the keys in schema.py (`declarations()`). tests/test_config.py fails
+when either differs from what these functions write."""
 from __future__ import annotations
 
 import dataclasses
 import enum
 
-from .groups import GROUP_CLASSES, GROUPS, _show, base_type, flag
+from .groups import GROUP_CLASSES, GROUPS, KEYS, ORDER, _show, base_type, flag
 from .sources import ENV_PREFIX
 
 
@@ -47,3 +48,9 @@ def render() -> str:
                          f"{meaning} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def declarations() -> str:
+    """The keys as Config's class body in schema.py declares them: in ORDER, each with its type as groups.py
+    writes it and its field."""
+    return "".join(f'    {name}: {KEYS[name][1].type} = _key("{name}")\n' for name in ORDER)

@@ -32,7 +32,7 @@ class Model(str, enum.Enum):
 
 
 IMAGE_MODELS = (Model.RESNET18.value, Model.RESNET50.value)
-# Datasets read from disk by each framework's own readers (toolkit/run/ondisk.py): `KIND:PATH`.
+# Datasets read from disk by each framework's own readers (toolkit/data/ondisk.py): `KIND:PATH`.
 ON_DISK = ("imagefolder", "cifar10", "text", "shards")
 
 
@@ -81,7 +81,9 @@ class Keras(str, enum.Enum):
     TF_KERAS = "tf_keras"   # legacy Keras 2 (the tf-keras package), through horovod.tensorflow.keras
 
 
-class Strategy(str, enum.Enum):
+class TfStrategy(str, enum.Enum):
+    """TensorFlow's own distribution strategy (the key `strategy`, backend native); not adapters/strategy.py's
+    Strategy, which is how any backend moves the gradients."""
     MIRRORED = "mirrored"                           # one process, several devices
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"  # one process per worker, TF_CONFIG
 

@@ -15,7 +15,7 @@ from typing import Optional
 from toolkit import registry
 
 from .enums import (Backend, Sharding, Compression, Dataset, Keras, LrSchedule, LrScaling, Model, Op, Optimizer, Precision,
-                    Strategy, Sync)
+                    Sync, TfStrategy)
 
 
 def _show(value) -> str:
@@ -48,7 +48,7 @@ class LaunchConfig:
                                            "ZeroRedundancyOptimizer) or fsdp (parameters, gradients and optimizer "
                                            "state sharded: FSDP2 fully_shard per block)")
     keras: Keras = _f(Keras.KERAS3, "tensorflow: Keras 3, or legacy tf-keras (TF_USE_LEGACY_KERAS=1 selects it)")
-    strategy: Optional[Strategy] = _f(None, "backend native: TensorFlow strategy; unset = {unset}",
+    strategy: Optional[TfStrategy] = _f(None, "backend native: TensorFlow strategy; unset = {unset}",
                                       unset="multi_worker_mirrored when TF_CONFIG is set, else mirrored")
     num_devices: Optional[int] = _f(None, "strategy mirrored: devices in the one process; unset = {unset}",
                                     unset="every GPU, else 1 CPU (N > 1 on CPU: N logical devices)")

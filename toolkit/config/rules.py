@@ -9,7 +9,7 @@ from typing import Optional
 from toolkit import registry
 
 from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrSchedule, Model, Op, Optimizer, Precision, Sharding, Strategy, Sync)
+                    LrSchedule, Model, Op, Optimizer, Precision, Sharding, Sync, TfStrategy)
 from .groups import ELASTIC_KEYS, _example, flag
 from .values import ConfigError
 
@@ -323,7 +323,7 @@ def _check_capabilities(c) -> None:
     if c.num_devices is not None:
         if c.num_devices < 1:
             _bad("num_devices", c.num_devices, "must be a positive integer", example="2")
-        if c.backend is not Backend.NATIVE or c.strategy is Strategy.MULTI_WORKER_MIRRORED:
+        if c.backend is not Backend.NATIVE or c.strategy is TfStrategy.MULTI_WORKER_MIRRORED:
             raise ConfigError("num_devices applies to strategy: mirrored (one process, several devices); "
                               "elsewhere each rank has one device: set the number of ranks with -np",
                               "num_devices", "backend", "strategy")

@@ -1,6 +1,8 @@
 """`Config`: one frozen, validated, flat dataclass composed from the groups' fields (groups.py), so every key is
 an attribute (`config.lr`) and `dataclasses.fields(Config)` lists them in the interface's order. Each field keeps
-its group in `metadata["group"]`.
+its group in `metadata["group"]`. The keys are declared in the class body, each with its type as groups.py writes
+it and groups.py's field, so that editors and type checkers see them; the class is not built when the two differ,
+and tests/test_config.py fails until the block is what `docs.declarations()` prints.
 
 Constructing a Config (directly, through `dataclasses.replace` or `from_dict`) validates it (rules.py) and returns
 it complete: the keys whose default depends on others are filled in by derived.complete, a new Config.
@@ -10,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, dataclass_transform
 
 from toolkit.errors import ToolkitError
 
 from . import derived, rules
 from .values import ConfigError, _coerce, flatten_groups, origins_named
-from .enums import PS_SYNCS, TOOLKIT_COMPRESSIONS, Sync
+from .enums import (PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Keras, LrSchedule, LrScaling, Op, Optimizer,
+                    Precision, Sharding, Sync, TfStrategy)
 from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, _plain
 
 
@@ -27,12 +30,20 @@ class _Complete(type):
         return derived.complete(super().__call__(*args, **kwargs))
 
 
+def _key(name: str) -> Any:
+    """`name`'s field in Config: its group's default and metadata, with the group in it."""
+    group, f, _ = KEYS[name]
+    return dataclasses.field(default=f.default, metadata={**f.metadata, "group": group})
+
+
+@dataclass_transform(frozen_default=True)
 def _compose(cls):
-    """Give `cls` every group's fields, in ORDER, each with its group in its metadata; a frozen dataclass."""
+    """`cls`, which declares every group's key in ORDER as groups.py writes its type, as a frozen dataclass whose
+    types are the groups' resolved ones."""
+    written = [(name, KEYS[name][1].type) for name in ORDER]
+    assert list(cls.__annotations__.items()) == written, \
+        "Config's keys differ from groups.py: paste docs.declarations() into toolkit/config/schema.py"
     cls.__annotations__ = {name: KEYS[name][2] for name in ORDER}
-    for name in ORDER:
-        group, f, _ = KEYS[name]
-        setattr(cls, name, dataclasses.field(default=f.default, metadata={**f.metadata, "group": group}))
     return dataclass(frozen=True)(cls)
 
 
@@ -40,11 +51,73 @@ def _compose(cls):
 class Config(metaclass=_Complete):
     """Every key of every group (groups.py), validated (rules.py), complete (derived.py)."""
 
-    def quiet_framework_logs(self) -> None:
-        """Before the framework is imported: TensorFlow's C++ INFO lines off stderr (toolkit/run/quiet.py)."""
-        if self.framework == "tensorflow" and not self.framework_logs:
-            from toolkit.run import quiet
-            quiet.filter_stderr()
+    # Generated from groups.py: `docs.declarations()`.
+    framework: str = _key("framework")
+    backend: Backend = _key("backend")
+    sharding: Sharding = _key("sharding")
+    keras: Keras = _key("keras")
+    strategy: Optional[TfStrategy] = _key("strategy")
+    num_devices: Optional[int] = _key("num_devices")
+    model: str = _key("model")
+    hidden_size: int = _key("hidden_size")
+    hidden_layers: int = _key("hidden_layers")
+    heads: int = _key("heads")
+    context: int = _key("context")
+    dataset: str = _key("dataset")
+    image_size: Optional[int] = _key("image_size")
+    augment: bool = _key("augment")
+    epochs: int = _key("epochs")
+    batch_size: int = _key("batch_size")
+    optimizer: Optimizer = _key("optimizer")
+    lr: float = _key("lr")
+    momentum: float = _key("momentum")
+    weight_decay: float = _key("weight_decay")
+    lr_scaling: LrScaling = _key("lr_scaling")
+    warmup_epochs: float = _key("warmup_epochs")
+    lr_schedule: LrSchedule = _key("lr_schedule")
+    lr_step_epochs: Optional[float] = _key("lr_step_epochs")
+    lr_step_gamma: Optional[float] = _key("lr_step_gamma")
+    compression: Compression = _key("compression")
+    topk_ratio: Optional[float] = _key("topk_ratio")
+    dgc: bool = _key("dgc")
+    dgc_warmup_epochs: Optional[int] = _key("dgc_warmup_epochs")
+    dgc_masking: bool = _key("dgc_masking")
+    powersgd_rank: Optional[int] = _key("powersgd_rank")
+    powersgd_warmup_steps: int = _key("powersgd_warmup_steps")
+    error_feedback: Optional[bool] = _key("error_feedback")
+    sync: Sync = _key("sync")
+    local_steps: Optional[int] = _key("local_steps")
+    sync_warmup_steps: int = _key("sync_warmup_steps")
+    staleness: Optional[int] = _key("staleness")
+    ps_servers: Optional[int] = _key("ps_servers")
+    staleness_lr_damping: bool = _key("staleness_lr_damping")
+    accumulation_steps: int = _key("accumulation_steps")
+    op: Op = _key("op")
+    precision: Precision = _key("precision")
+    sync_batchnorm: bool = _key("sync_batchnorm")
+    clip_grad_norm: Optional[float] = _key("clip_grad_norm")
+    nan_guard: bool = _key("nan_guard")
+    seed: int = _key("seed")
+    checkpoint_dir: Optional[str] = _key("checkpoint_dir")
+    keep_checkpoints: int = _key("keep_checkpoints")
+    resume: bool = _key("resume")
+    preemption_check_every: int = _key("preemption_check_every")
+    log_dir: Optional[str] = _key("log_dir")
+    wandb_project: Optional[str] = _key("wandb_project")
+    fusion_threshold_mb: Optional[float] = _key("fusion_threshold_mb")
+    cycle_time_ms: Optional[float] = _key("cycle_time_ms")
+    timeline_file: Optional[str] = _key("timeline_file")
+    stall_check_seconds: Optional[float] = _key("stall_check_seconds")
+    elastic_min_np: Optional[int] = _key("elastic_min_np")
+    elastic_max_np: Optional[int] = _key("elastic_max_np")
+    elastic_discovery: Optional[str] = _key("elastic_discovery")
+    elastic_commit_every: Optional[int] = _key("elastic_commit_every")
+    uneven_data: Optional[str] = _key("uneven_data")
+    straggler: Optional[str] = _key("straggler")
+    allow_cpu: bool = _key("allow_cpu")
+    loader_workers: int = _key("loader_workers")
+    quiet: bool = _key("quiet")
+    framework_logs: bool = _key("framework_logs")
 
     def __post_init__(self):
         rules.validate(self)

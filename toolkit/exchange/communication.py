@@ -1,16 +1,16 @@
 """How each optimizer step's gradients cross the wire, chosen once from the config and counted in bytes.
 
-One class, three ways, chosen by the session's strategy (adapters/strategy.py, `exchange`); the
-session (adapters/base.py) calls `step` (its `train_step`: forward, backward and the reduction) or
-`finish_step` (its `step()`, after the user's own backward passes) and does not know which way runs:
+One class, three ways, chosen by the session's strategy (adapters/strategy.py, `exchange`, read here as
+`toolkit`); the facade (adapters/base.py `Session._finish_step`) asks which way runs and calls the
+public verbs below:
 
-- Horovod's own path (compression none or fp16, any op): the session's `_train_step` /
-  `_apply_step`, with Horovod's distributed optimizer inside. It sends the dense gradients: 4 bytes
-  a value, 2 with fp16.
-- The toolkit's exchange (compression bf16, int8, topk): the session hands over this rank's
+- The strategy's own reduce (Horovod's distributed optimizer, DDP; compression none or fp16, any
+  op): the facade runs its step and calls `count_backend_step`. It sends the dense gradients: 4
+  bytes a value, 2 with fp16.
+- The toolkit's exchange (compression bf16, int8, topk): the facade hands over this rank's
   gradients (`local_gradients`, accumulation included, so compression happens once per optimizer
-  step), `toolkit.exchange.exchanges.GradientExchange` compresses, exchanges and averages them with error
-  feedback, and the session applies the result (`apply_gradients`).
+  step) to `exchange_and_apply`: `toolkit.exchange.exchanges.GradientExchange` compresses, exchanges
+  and averages them with error feedback, and the session's `apply_gradients` applies the result.
 - Local SGD (Stich 2019; post-local SGD, Lin et al. 2020): after `sync_warmup_steps` synchronous
   steps (exchanged as above, compressed if asked), each rank applies its own gradients and every
   `local_steps` steps the ranks average their models, parameters and optimizer slots, with one
@@ -65,26 +65,9 @@ class Communication:
             calls = [("allreduce", self.values * horovod_value_bytes(config))]
             self.step_calls = lambda step: calls
 
-    # -- the trainer's calls -------------------------------------------------------------------
-    def step(self, batches, step: int) -> float:
-        """One optimizer step over the micro-batches (`step` is the global step index); local mean loss."""
-        if not self.toolkit:
-            self._count_horovod(step)
-            return self.session._train_step(batches)
-        loss, grads = self.session.local_gradients(batches)
-        self._exchange(grads, step)
-        return loss
-
-    def finish_step(self, step: int) -> None:
-        """The step's gradients are computed (the user's backward passes): reduce and apply them."""
-        if not self.toolkit:
-            self._count_horovod(step)
-            self.session._apply_step()
-            return
-        _, grads = self.session.local_gradients(None)
-        self._exchange(grads, step)
-
-    def _count_horovod(self, step: int) -> None:
+    # -- the facade's calls, once per optimizer step ----------------------------------------------
+    def count_backend_step(self) -> None:
+        """The strategy's own reduce moved this step's gradients: its collectives counted."""
         if self.world > 1:      # nothing crosses the wire in a 1-rank job (Horovod skips the allreduce)
             self._count(self.step_calls(self.steps))     # counted from this process's start, as hooks count
         self.steps += 1
@@ -94,33 +77,39 @@ class Communication:
             self.bytes_sent += nbytes
             self.wire_sent += wire.sent(kind, nbytes, self.world)
 
-    def _exchange(self, grads, step: int) -> None:
+    def exchange_and_apply(self, grads, step: int):
+        """The toolkit's exchange of this rank's gradients `grads` at global step `step` (local SGD past
+        its warm-up: this rank's own), clipped and applied through the session's `apply_gradients`.
+        Returns their norm before clipping where measured (clip_grad_norm or nan_guard), else None."""
         self.steps += 1
         if self.local_steps and step >= self.warmup_steps:
-            self.session.apply_gradients(self._clip([self.ops.asarray(g) for g in grads]))
+            grads, norm = self._clip([self.ops.asarray(g) for g in grads])
+            self.session.apply_gradients(grads)
             self.since_average += 1
             if self.since_average == self.local_steps:
                 self.average_models()
-        else:
-            if self.dgc:
-                self.exchange.epoch = self._epoch(step)
-            if isinstance(self.exchange, PowerSGDExchange):
-                self.exchange.step = step
-            grads = self.exchange.exchange(grads, self.session, self.world)
-            self._count(self.exchange.calls)
-            self.session.apply_gradients(self._clip(grads))
+            return norm
+        if self.dgc:
+            self.exchange.epoch = self._epoch(step)
+        if isinstance(self.exchange, PowerSGDExchange):
+            self.exchange.step = step
+        grads = self.exchange.exchange(grads, self.session, self.world)
+        self._count(self.exchange.calls)
+        grads, norm = self._clip(grads)
+        self.session.apply_gradients(grads)
+        return norm
 
     def _epoch(self, step: int) -> int:
         """The epoch of global step `step`, from the session's (last) training loader; 0 without one."""
         loaders = getattr(self.session, "loaders", None)
         return step // loaders[-1].steps_per_epoch if loaders else 0
 
-    def _clip(self, grads: list) -> list:
+    def _clip(self, grads: list) -> tuple[list, float | None]:
         """The reduced (local SGD: this rank's) gradients clipped to clip_grad_norm (DGC clipped each rank's
-        own before the exchange); their norm to the session."""
+        own before the exchange), and their norm before (None where neither clipping nor the guard asks)."""
         if self.clip_grad_norm is not None or self.nan_guard:
-            grads, self.session.grad_norm = numerics.clip(grads, None if self.dgc else self.clip_grad_norm, self.ops)
-        return grads
+            return numerics.clip(grads, None if self.dgc else self.clip_grad_norm, self.ops)
+        return grads, None
 
     def end_epoch(self) -> None:
         """Local SGD: one model on every rank before evaluation and checkpoints."""

@@ -129,9 +129,9 @@ class GradientExchange:
         if self.compressor.name not in ("bf16", "int8"):
             return False
         if self.chosen_for not in (0, world_size):      # chosen again when an elastic job resizes
-            from toolkit.planner import scaling
+            from toolkit.exchange import wire
             payload = n * (1 if self.compressor.name == "int8" else 2)
-            self.form, self.chosen_for = scaling.exchange_form(world_size, payload), world_size
+            self.form, self.chosen_for = wire.exchange_form(world_size, payload), world_size
         return self.form == "reduce"
 
     def chunks(self, n: int, world_size: int) -> list[tuple[int, int]]:

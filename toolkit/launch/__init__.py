@@ -1,1 +1,3 @@
-"""How the ranks are started: argv and environment for horovodrun, mpirun and TF_CONFIG workers (no framework import), what a launch prints, Slurm and MPIJob recipes."""
+"""How the ranks are started (no framework import): the LaunchSpec and its common rules (spec.py), one module
+per launcher behind one interface and their table (launchers/: horovodrun, mpirun, TF_CONFIG workers, torchrun,
+Ray, Spark), running a spec (launcher.py), what a launch prints (output.py), Slurm and MPIJob recipes."""

@@ -1,8 +1,9 @@
-"""What the Ray and Spark launchers share: a driver process per job, and the command run in each worker.
+"""What the Ray and Spark drivers share: the driver's `__main__`, its report of a failed worker, and the
+command run in each worker.
 
 `toolkit launch --launcher ray|spark` starts a driver (`python -m toolkit.launch.rayjob` or
-`toolkit.launch.sparkjob`, given the LaunchSpec as JSON) in its own session and relays its output as
-horovodrun's: the engine forwards each worker's lines to the driver (Ray prefixes them with
+`toolkit.launch.sparkjob`, given the LaunchSpec as JSON: launchers/engine.py) in its own session and relays
+its output as horovodrun's: the engine forwards each worker's lines to the driver (Ray prefixes them with
 `(Actor pid=N, ip=A)`, which the relay drops), the worker has tagged them `[rank]<stdout>:` itself.
 The driver prints its own failures as one `toolkit: error:` line and exits non-zero; --timeout stops
 the driver's whole process group, and the engine then stops the workers it owned (their commands die
@@ -15,8 +16,6 @@ returns its exit code.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import signal
@@ -25,13 +24,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from toolkit.errors import ToolkitError
-from toolkit.launch.launcher import LaunchSpec, _passed_names, worker_env
-from toolkit.launch.processes import run_relayed
+from toolkit.launch.environment import passed_names, worker_env
+from toolkit.launch.spec import LaunchSpec
 
-DRIVERS = {"ray": "toolkit.launch.rayjob", "spark": "toolkit.launch.sparkjob"}
 EXIT = "toolkit: launch: worker {rank} exited with code {code}"   # a driver's report; output.py holds it back as horovodrun's
 # A worker's note to its driver that its command failed (in an exception or a log line; never shown).
 FAILED = "toolkit-command-failed rank={rank} code={code}"
@@ -48,28 +46,11 @@ def unanswered(host: str, port: int) -> str | None:
         return exc.strerror or str(exc)
 
 
-def spec_json(spec: LaunchSpec) -> str:
-    return json.dumps(dataclasses.asdict(spec))
-
-
-def spec_from_json(text: str) -> LaunchSpec:
-    fields = json.loads(text)
-    return LaunchSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-
-
 def passed_env(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables each worker's command gets from here (the node keeps its own for the rest): the
     toolkit's, Horovod's, the framework's settings, PATH/PYTHONPATH/VIRTUAL_ENV, and --env items."""
     env = worker_env(spec, environ)
-    return {k: env[k] for k in _passed_names(env)}
-
-
-def run_driver(spec: LaunchSpec, timeout: Optional[float], environ: Mapping[str, str] | None = None) -> int:
-    """Start the engine's driver for `spec`, relay its lines, return the job's exit code."""
-    env = dict(os.environ if environ is None else environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("RAY_DEDUP_LOGS", "0")       # every rank's lines, not "[repeated 2x across cluster]"
-    return run_relayed([sys.executable, "-m", DRIVERS[spec.launcher], spec_json(spec)], env, timeout)
+    return {k: env[k] for k in passed_names(env)}
 
 
 def _die_with_parent() -> None:
@@ -117,16 +98,11 @@ def run_command(command: Sequence[str], env: Mapping[str, str], cwd: str, rank: 
     return 128 - code if code < 0 else code
 
 
-def fail(message: str, code: int = 1) -> ToolkitError:
-    """A driver's failure: one line, the job's exit code."""
-    return ToolkitError(message, code=code)
-
-
 def driver_main(run) -> None:
     """A driver's `__main__`: `run(spec)` returns the job's exit code; a ToolkitError is one line."""
     from toolkit.messages import line
 
-    spec = spec_from_json(sys.argv[1])
+    spec = LaunchSpec.from_json(sys.argv[1])
     try:
         code = run(spec)
     except ToolkitError as exc:

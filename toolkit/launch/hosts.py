@@ -1,6 +1,6 @@
 """The hosts of a job: -H and hostfiles parsed, every host resolved and its ssh port probed before a
 launcher starts (one line naming the first host that fails), which of them are this machine. `spec`
-below is the launch's LaunchSpec (toolkit/launch/launcher.py): its hosts, ssh options and timeout."""
+below is the launch's LaunchSpec (toolkit/launch/spec.py): its hosts, ssh options and timeout."""
 from __future__ import annotations
 
 import os

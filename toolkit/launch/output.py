@@ -16,7 +16,7 @@ lines (`Permission denied (publickey)`, `Host key verification failed.`).
 The Ray and Spark drivers (engines.py) pass on their workers' lines tagged as horovodrun's (Ray's
 own prefix on them dropped) and report a worker's non-zero exit in one line, settled as horovodrun's.
 
-torchrun (launcher.py) tags its ranks' lines `[rank]<std>:` on either stream; they are shown as
+torchrun (launchers/torchrun.py) tags its ranks' lines `[rank]<std>:` on either stream; they are shown as
 horovodrun's, `[rank]<stdout>:` or `[rank]<stderr>:`. When a rank fails, torchrun logs which one,
 raises ChildFailedError (a 20-line traceback) and prints a report whose "Root Cause" names the
 rank and its exit code (the ranks it stopped itself are listed above it, exit code -15): that is

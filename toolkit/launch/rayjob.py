@@ -1,4 +1,4 @@
-"""`toolkit launch --launcher ray`: the job's Ray driver (started by engines.run_driver) and `toolkit.ray.run`.
+"""`toolkit launch --launcher ray`: the job's Ray driver (launchers/ray.py starts it) and `toolkit.ray.run`.
 
 Connects to the Ray cluster at --address (`auto`: the one `ray start` made on this node), or starts a
 local Ray for the job and stops it after, as `ray.init()` does (its CPUs: this machine's, or -np x
@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 from toolkit.errors import ToolkitError
 from toolkit.launch import engines
 from toolkit.launch.hosts import free_port
-from toolkit.launch.launcher import LaunchSpec
+from toolkit.launch.spec import LaunchSpec
 
 EXIT = engines.EXIT
 
@@ -128,6 +128,7 @@ def _wait(refs: list, names: list[str], stop: Callable[[], None], elastic: bool 
 
 def _static(spec: LaunchSpec, env: dict, cwd: str) -> int:
     import ray
+
     from toolkit.shims import horovod_ray
     horovod_ray.apply()
     from horovod.ray import RayExecutor
@@ -247,6 +248,7 @@ def run(fn: Callable[[Any], Any], config: Any = None, *, np: int = 2, address: O
     """`toolkit.ray.run`: `fn(config)` on `np` Horovod workers of the Ray cluster at `address` (None: the one
     this process is connected to, else a local Ray for the call); returns each worker's result, by rank."""
     import ray
+
     from toolkit.shims import horovod_ray
     horovod_ray.apply()
     from horovod.ray import RayExecutor

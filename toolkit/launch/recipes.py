@@ -18,7 +18,9 @@ import shlex
 from typing import Optional
 
 from toolkit.errors import ToolkitError
-from toolkit.launch.launcher import TORCHRUN_PORT, LaunchSpec, parse_hosts, torchrun_size
+from toolkit.launch.hosts import parse_hosts
+from toolkit.launch.launchers.torchrun import TORCHRUN_PORT, torchrun_size
+from toolkit.launch.spec import LaunchSpec
 from toolkit.run.preemption import EXIT_CODE
 
 EMITS = ("slurm", "mpijob")

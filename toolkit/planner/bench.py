@@ -61,7 +61,7 @@ def measure(config: Config, options: Options) -> dict | None:
     import numpy as np
 
     from toolkit.run import pipeline as run
-    from toolkit.run.data import random_batch
+    from toolkit.data.datasets import random_batch
 
     session = run.start(config)
     rng = np.random.RandomState(config.seed)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import registry
-from toolkit.planner import scaling
+from toolkit.planner import scaling, units
 from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
 
@@ -210,7 +210,7 @@ def crossing_table(plan: scaling.Plan, crossings: dict) -> str:
     def words(bw):
         if bw is None:
             return "never (not at 1 Mbit/s)"
-        return "any link" if bw >= 1e13 else scaling.format_bandwidth(bw)
+        return "any link" if bw >= 1e13 else units.format_bandwidth(bw)
     for name, row in crossings.items():
         lines.append(f"| {name} | " + " | ".join(words(bw) for bw in row) + " |")
     return "\n".join(lines)

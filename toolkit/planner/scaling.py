@@ -1,13 +1,8 @@
 """The cost of one data-parallel training step at N workers: an alpha-beta model, framework-free.
 
-A message of b bytes over a link costs alpha + b / bandwidth (Hockney 1994), and each collective a
-fixed overhead besides (Horovod's negotiation and the wait for its next cycle: about a millisecond
-here, `fit` finds it). The collectives are the
-ring algorithms that NCCL, Gloo and Open MPI use for large messages (Patarasuk & Yuan 2009; Thakur,
-Rabenseifner & Gropp 2005):
-- allreduce of S bytes: 2(N-1) steps of S/N bytes: 2(N-1) alpha + 2(N-1)/N S / bandwidth;
-- allgather of s bytes from each rank: N-1 steps of s bytes: (N-1) alpha + (N-1) s / bandwidth;
-- broadcast of S bytes (a binomial tree): ceil(log2 N) (alpha + S / bandwidth).
+Each collective is priced on a link as toolkit/exchange/wire.py says (alpha + bytes / bandwidth a
+message, plus a fixed overhead a collective: Horovod's negotiation and cycle, which the calibration
+fit finds: toolkit/planner/calibration.py), by the ring algorithms of NCCL, Gloo and Open MPI.
 With ranks placed node by node, a ring crosses each node's network link once each way, so a ring
 that spans nodes runs at the inter-node link's cost; within one node, at the intra-node link's.
 Hierarchical allreduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE) reduce-scatters within each node,
@@ -51,100 +46,20 @@ measurements here and published results.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass, field, replace
 
-from toolkit.errors import ToolkitError
 from toolkit.exchange import wire
+from toolkit.exchange.wire import (HOROVOD_CYCLE_S, Link, exchange_form, exchange_work, pairwise_alltoall,
+                                   ring_allgather, ring_allreduce, tree_broadcast)
 
-HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's defaults (horovod/common/operations.cc)
-HOROVOD_CYCLE_S = 1e-3
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's default (horovod/common/operations.cc)
 # torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
 # (bucket_cap_mb's default, 25 MiB), as torch/nn/parallel/distributed.py passes them to its Reducer
 DDP_BUCKET_LIMITS = (1024 * 1024, 25 * 1024 * 1024)
 
 
-# -- units ----------------------------------------------------------------------------------------
-
-_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_bandwidth(text: str, flag: str) -> float:
-    """'25gbit', '100Mbit/s', '10gbps' (bits) or '300GB/s', '12.5GB' (bytes) -> bytes per second."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B)(?:/s|ps)?\s*", str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ToolkitError(f"{flag} {text!r}: expected a positive bandwidth with its unit, e.g. 25gbit, "
-                           f"100mbit or 300GB/s (bit = bits/s, B = bytes/s)")
-    value = float(m.group(1)) * _PREFIX[m.group(2).lower()]
-    return value if m.group(3) == "B" else value / 8
-
-
-def parse_duration(text: str, flag: str) -> float:
-    """'5us', '0.5ms', '2s', '100ns' -> seconds (0 allowed)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*", str(text))
-    if not m:
-        raise ToolkitError(f"{flag} {text!r}: expected a time with its unit, e.g. 5us, 0.5ms or 2s")
-    return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
-
-
-def parse_counts(text: str, flag: str) -> list[int]:
-    """'8,64,512' -> [8, 64, 512]: distinct, ascending, each at least 1."""
-    try:
-        counts = sorted({int(item) for item in str(text).split(",") if item.strip()})
-    except ValueError:
-        raise ToolkitError(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. {flag} 8,64,512") \
-            from None
-    if not counts or counts[0] < 1:
-        raise ToolkitError(f"{flag} {text!r}: every count must be at least 1, e.g. {flag} 8,64,512")
-    return counts
-
-
-def format_bandwidth(bytes_per_s: float) -> str:
-    bits = bytes_per_s * 8
-    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.3g} {unit}"
-    return f"{bits:.3g} bit/s"
-
-
-def format_duration(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-# -- links and collectives --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Link:
-    alpha: float          # seconds per message (latency and per-message software cost)
-    bandwidth: float      # bytes per second
-    overhead: float = 0.0     # seconds per collective, whatever its size and N (Horovod's negotiation, its cycle)
-
-    def cost(self, messages: float, nbytes: float) -> float:
-        """One collective of `messages` sequential messages moving `nbytes` through the link."""
-        return self.overhead + messages * self.alpha + nbytes / self.bandwidth
-
-
-def ring_allreduce(size: float, n: int, link: Link) -> float:
-    return 0.0 if n <= 1 else link.cost(2 * (n - 1), 2 * (n - 1) / n * size)
-
-
-def ring_allgather(size_per_rank: float, n: int, link: Link) -> float:
-    return 0.0 if n <= 1 else link.cost(n - 1, (n - 1) * size_per_rank)
-
-
-def pairwise_alltoall(size: float, n: int, link: Link) -> float:
-    """An alltoall of a buffer of `size` bytes per rank, N parts: N-1 messages of size/N each."""
-    return 0.0 if n <= 1 else link.cost(n - 1, (n - 1) / n * size)
-
-
-def tree_broadcast(size: float, n: int, link: Link) -> float:
-    rounds = math.ceil(math.log2(n)) if n > 1 else 0
-    return 0.0 if n <= 1 else link.cost(rounds, rounds * size)
-
+# -- a cluster ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Cluster:
@@ -386,36 +301,6 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
                     method.wire_bytes_per_step(workload, cluster, n))
 
 
-def exchange_work(reduced: bool, n: int, compress_s: float, decode_s: float) -> float:
-    """The exchange's compression work at N workers (`compress_s`, `decode_s`: one whole payload's):
-    the allgather compresses once and decodes N payloads; the compressed allreduce compresses once,
-    decodes N chunks of 1/N, compresses its reduced chunk (1/N) and decodes the gathered whole."""
-    return compress_s * (1 + 1 / n) + 2 * decode_s if reduced else compress_s + n * decode_s
-
-
-# What the running exchange assumes when it chooses its form (it does not know the link): 10 Gbit/s, 10 us a
-# message, Horovod's cycle a collective, and compression work at 1 GB/s of payload for either pass.
-RUNTIME_LINK = Link(alpha=1e-5, bandwidth=10e9 / 8, overhead=HOROVOD_CYCLE_S)
-RUNTIME_WORK_S_PER_BYTE = 1e-9
-
-
-def exchange_form(n: int, payload: float, link: Link = RUNTIME_LINK, compress_s: float | None = None,
-                  decode_s: float | None = None) -> str:
-    """bf16 and int8 at N workers, `payload` compressed bytes a rank: "reduce" (the compressed allreduce:
-    alltoall of N chunks, reduce, allgather of the reduced chunks; 2(N-1)/N of the payload on the wire),
-    the default from 3 workers on, or "allgather" (every rank's whole payload to every rank: N-1
-    payloads), kept at 2 workers where the model prices it lower: there both send the same bytes and
-    the allgather needs one collective and half a compression less, so it wins on any link."""
-    if n >= 3:
-        return "reduce"
-    compress_s = payload * RUNTIME_WORK_S_PER_BYTE if compress_s is None else compress_s
-    decode_s = payload * RUNTIME_WORK_S_PER_BYTE if decode_s is None else decode_s
-    gathered = ring_allgather(payload, n, link) + exchange_work(False, n, compress_s, decode_s)
-    reduced = (pairwise_alltoall(payload, n, link) + ring_allgather(payload / n, n, link)
-               + exchange_work(True, n, compress_s, decode_s))
-    return "reduce" if reduced < gathered else "allgather"
-
-
 def _fused(sizes: list[float], fusion: float) -> list[float]:
     """All gradients in fusion buffers (when all are ready at once): the total communication time."""
     out, buffer = [], 0.0
@@ -425,64 +310,6 @@ def _fused(sizes: list[float], fusion: float) -> list[float]:
             buffer = 0.0
         buffer += s
     return out + ([buffer] if buffer else [])
-
-
-# -- calibration -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured collective: kind ('allreduce' | 'allgather'), ranks, bytes (allgather: per rank), seconds."""
-    kind: str
-    n: int
-    nbytes: float
-    seconds: float
-
-    def terms(self) -> tuple[float, float]:
-        """(messages, bytes through one link) of the ring algorithm: the multipliers of alpha and 1/bandwidth."""
-        if self.kind in wire.KINDS:
-            return wire.messages(self.kind, self.n), wire.sent(self.kind, self.nbytes, self.n)
-        raise ValueError(self.kind)
-
-
-def fit(samples: list[Sample]) -> Link:
-    """The link that best explains the samples: alpha, bandwidth and the per-collective overhead, by
-    least squares on relative error (times span orders of magnitude, so each sample counts alike).
-    When the samples cannot tell the overhead from alpha (one kind of collective at one N: the
-    message count never varies), the overhead is left at 0 and alpha carries it."""
-    rows = [(s.terms(), s.seconds) for s in samples if s.n > 1 and s.seconds > 0]
-    if len(rows) < 2 or len({b for (_, b), _ in rows}) < 2:
-        raise ToolkitError("calibration: the samples cannot separate latency from bandwidth "
-                           "(time more than one message size, at 2 or more ranks)")
-    separable = len({a for (a, _), _ in rows}) > 1
-    design = [([1.0, a, b] if separable else [a, b], t) for (a, b), t in rows]
-    solution = _least_squares([[x / t for x in xs] for xs, t in design], [1.0] * len(design))
-    overhead, alpha, inverse_bw = solution if separable else (0.0, *solution)
-    if inverse_bw <= 0:
-        raise ToolkitError("calibration: the fitted bandwidth is not positive; time larger messages")
-    return Link(alpha=max(alpha, 0.0), bandwidth=1.0 / inverse_bw, overhead=max(overhead, 0.0))
-
-
-def _least_squares(x: list[list[float]], y: list[float]) -> list[float]:
-    """argmin |x w - y|: the normal equations, by Gaussian elimination with partial pivoting."""
-    k = len(x[0])
-    a = [[sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] * v for r, v in zip(x, y))] for i in range(k)]
-    for c in range(k):
-        p = max(range(c, k), key=lambda r: abs(a[r][c]))
-        if abs(a[p][c]) < 1e-12 * max(1.0, max(abs(v) for v in a[p])):
-            raise ToolkitError("calibration: the samples cannot separate latency from bandwidth "
-                               "(time more than one message size, at 2 or more ranks)")
-        a[c], a[p] = a[p], a[c]
-        for r in range(k):
-            if r != c:
-                f = a[r][c] / a[c][c]
-                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
-    return [a[i][k] / a[i][i] for i in range(k)]
-
-
-def fit_error(link: Link, samples: list[Sample]) -> float:
-    """Median relative error of the fitted link on the samples."""
-    errors = [abs(link.cost(*s.terms()) - s.seconds) / s.seconds for s in samples if s.n > 1 and s.seconds > 0]
-    return statistics.median(errors) if errors else 0.0
 
 
 # -- where a method pays ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ class TrainingState(ObjectState):
         self._session = session
         self._snapshot = session.snapshot()
         super().__init__(bcast_object=lambda obj: session.broadcast_object(obj, name="toolkit.elastic_state"),
-                         get_rank=session.strategy.hvd.rank, **progress)
+                         get_rank=session.strategy.elastic_rank, **progress)
         self.register_reset_callbacks([session.on_reset])
 
     def save(self) -> None:

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from toolkit.build import pins, support
+from toolkit.install import pins, support
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
 

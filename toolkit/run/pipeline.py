@@ -17,14 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit import api
-from toolkit.run import checkpoint
+from toolkit.run import checkpoint, quiet
 from toolkit.errors import ToolkitError
 
 
 def start(config, comm=None):
     """Quiet logs (before any framework is imported), then the framework's session on its strategy:
     init, one device per local rank, threads, seeds."""
-    config.quiet_framework_logs()
+    quiet.quiet_framework_logs(config)
     return api.start(config, comm)
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.exchange import numerics
-from toolkit.run import checkpoint, data as datasets, schedule
+from toolkit.data import datasets, sampler
+from toolkit.run import checkpoint, schedule
 from toolkit.exchange.arrays import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
 from toolkit.errors import ToolkitError
@@ -84,7 +85,7 @@ class Server:
         self.config, self.world, self.index = config, world, index
         self.workers = list(range(servers, world.Get_size()))
         b, k = config.batch_size, config.accumulation_steps
-        self.steps_per_epoch = datasets.steps_per_epoch(n_train, len(self.workers), b, k)
+        self.steps_per_epoch = sampler.steps_per_epoch(n_train, len(self.workers), b, k)
         self.updates_per_epoch = self.steps_per_epoch * len(self.workers)
         self.updates_per_sample_epoch = n_train // (b * k)      # lr warm-up counts samples, as sync does
         self.bound = bound(config)
@@ -249,7 +250,7 @@ def _world():
     try:
         from mpi4py import MPI
     except ImportError:
-        from toolkit.build import support
+        from toolkit.install import support
         raise ToolkitError(f"sync=async_ps/ssp needs mpi4py: {support.install_fix('mpi4py')}") from None
     world = MPI.COMM_WORLD
     if world.Get_size() == 1 and "HOROVOD_RANK" in os.environ:
@@ -286,7 +287,7 @@ def run(config: Config) -> dict:
                            "synthetic); use sync every_step or local_sgd for your own")
     data = datasets.load(config)
     n_train = len(data.x_train)
-    if datasets.steps_per_epoch(n_train, size - servers, config.batch_size, config.accumulation_steps) < 1:
+    if sampler.steps_per_epoch(n_train, size - servers, config.batch_size, config.accumulation_steps) < 1:
         raise ToolkitError(f"batch_size={config.batch_size} x accumulation_steps={config.accumulation_steps} x "
                            f"{size - servers} workers is more than the {n_train} training samples; lower batch_size")
     delay = config.straggler_delays().get(rank, 0.0)

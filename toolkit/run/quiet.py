@@ -51,6 +51,12 @@ def _relay(read_fd: int) -> None:
         os.write(2, pending)
 
 
+def quiet_framework_logs(config) -> None:
+    """Before the framework is imported: TensorFlow's C++ INFO lines off stderr, unless `framework_logs`."""
+    if config.framework == "tensorflow" and not config.framework_logs:
+        filter_stderr()
+
+
 def filter_stderr() -> None:
     """From now on this process's fd 2 (and its children's) passes through the relay. Call it
     before TensorFlow is imported and before any thread starts (it forks)."""

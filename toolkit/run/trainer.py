@@ -11,7 +11,8 @@ import sys
 import time
 import types
 
-from toolkit.run import data as datasets, metrics as metrics_log, preemption, pipeline
+from toolkit.data import datasets
+from toolkit.run import metrics as metrics_log, preemption, pipeline
 from toolkit.messages import say
 from toolkit.config import PS_SYNCS, Config
 from toolkit.errors import ToolkitError
@@ -62,8 +63,8 @@ def run(config: Config) -> dict:
             session.refresh_topology()
         rank, size, replicas_per_rank = session.rank, session.size, session.replicas
         world = session.world_size
-        train_loader.sampler.resize(world, session._my_replicas())
-        eval_loader.sampler.resize(world, session._my_replicas())
+        train_loader.sampler.resize(world, session.my_replicas())
+        eval_loader.sampler.resize(world, session.my_replicas())
         spe = train_loader.steps_per_epoch
         if spe is None:
             raise ToolkitError(f"dataset={config.dataset!r}: the built-in trainer needs data whose length it knows (a "

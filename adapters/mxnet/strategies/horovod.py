@@ -21,13 +21,14 @@ from mxnet import gluon
 
 from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import HorovodStrategy, gpu_for_local_rank, require_gpu_if_asked
+from toolkit.adapters.mxnet.strategies.common import MxnetStrategy
 from toolkit.config import Op
 from toolkit.errors import ToolkitError
 
 STATES_FILE = "trainer.states"
 
 
-class MxnetHorovod(HorovodStrategy):
+class MxnetHorovod(MxnetStrategy, HorovodStrategy):
     module, framework = "horovod.mxnet", "mxnet"
     path = "horovod.mxnet DistributedTrainer"
     step_divisor = 1.0
@@ -46,7 +47,7 @@ class MxnetHorovod(HorovodStrategy):
         has several, or the exchange reads them; one micro-batch a step overwrites them (no zeroing)."""
         hvd, c = self.hvd, self.config
         session.accumulate = c.accumulation_steps > 1 or self.exchange
-        for p in session._trainable():
+        for p in session.trainable():
             p.grad_req = "add" if session.accumulate else "write"
         params = {name: p for name, p in session.params.items() if p.grad_req != "null"}
         if isinstance(session.optimizer, gluon.Trainer):

@@ -12,20 +12,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from toolkit.adapters.topology import Topology
-from toolkit.adapters.horovod import HorovodStrategy, gpu_for_local_rank, require_gpu_if_asked, threads_per_rank
+from toolkit.adapters.horovod import (HorovodStrategy, allreduce_gradients, gpu_for_local_rank, require_gpu_if_asked,
+                                      threads_per_rank)
 from toolkit.adapters.tensorflow.keras import set_threads
+from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
 
 
-def allreduce_gradients(hvd, grads, op, compression) -> list:
-    """One allreduce per gradient, as Horovod's DistributedGradientTape does: Horovod fuses them in
-    its cycle, and each can start as soon as the backward pass has made its gradient. One grouped
-    allreduce (`hvd.grouped_allreduce`, used before) waits for every gradient first: on ResNet-50
-    (2 ranks, this CPU) it ran 0.95x the plain Horovod script, per tensor 0.995x (docs/BENCHMARKS.md).
-    (Adasum's grouped form also fails in Horovod 0.28.1: `UnboundLocalError: 'tensor'`.)"""
-    return [hvd.allreduce(g, op=op, compression=compression) for g in grads]
-
-
-class TensorflowHorovod(HorovodStrategy):
+class TensorflowHorovod(TensorflowStrategy, HorovodStrategy):
     module, framework = "horovod.tensorflow", "tensorflow"
     path = "Keras 3 step on horovod.tensorflow allreduce"
 
@@ -84,10 +77,10 @@ class TensorflowHorovod(HorovodStrategy):
         self.wrap(session)   # the step graph was traced for the old world size (allreduce or not)
 
     # -- Keras 3 model.fit ------------------------------------------------------------------------------
-    def fit_optimizer(self, session, optimizer=None):
+    def fit_optimizer(self, session, optimizer):
         from toolkit.adapters.tensorflow import fit
         compression, op = self.reduction()
-        return fit.DistributedOptimizer(optimizer or session._make_optimizer(None), op=op, compression=compression)
+        return fit.DistributedOptimizer(optimizer, op=op, compression=compression)
 
     def fit_callbacks(self) -> list:
         from toolkit.adapters.tensorflow import fit

@@ -25,7 +25,8 @@ from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.strategy import Strategy
 from toolkit.adapters.tensorflow.keras import set_threads
-from toolkit.config import Op, Strategy as TfStrategy
+from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
+from toolkit.config import Op, TfStrategy
 from toolkit.errors import ToolkitError
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -48,7 +49,7 @@ def tf_config_topology(text: str) -> tuple[int, int, int, int]:
     return index, len(workers), same_host.index(index), len(same_host)
 
 
-class TensorflowNative(Strategy):
+class TensorflowNative(TensorflowStrategy, Strategy):
     name = "native"
 
     def start(self, comm=None) -> Topology:

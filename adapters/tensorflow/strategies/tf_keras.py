@@ -68,12 +68,10 @@ class TfKerasHorovod(TensorflowHorovod):
         self.hvd.broadcast_variables(session.model.variables + list(session.optimizer.variables), root_rank=root)
 
     # -- model.fit: Horovod's own tf-keras pieces ----------------------------------------------------------
-    def fit_optimizer(self, session, optimizer=None):
-        """Horovod's DistributedOptimizer of `optimizer` (or the config's); the one setup() returned
-        is one already, and comes back as it is (fit then trains what the session saves)."""
-        import tf_keras
-        from toolkit.adapters.tensorflow.keras import make_optimizer
-        return self.distributed(optimizer or make_optimizer(self.config, tf_keras))
+    def fit_optimizer(self, session, optimizer):
+        """Horovod's DistributedOptimizer of `optimizer` (the session's default is the config's); the one
+        setup() returned is one already, and comes back as it is (fit then trains what the session saves)."""
+        return self.distributed(optimizer)
 
     def fit_callbacks(self) -> list:
         import tf_keras

@@ -4,13 +4,16 @@ horovod.py keeps the user's module as it is; native.py wraps it in DDP or shards
 The torch session (adapters/torch/session.py) asks its strategy for the user's own module behind a
 wrapper (`unwrap`), for the model's and optimizer's whole state as plain state dicts (`full_state`,
 a collective where the state is sharded: every rank calls it) and gives a saved one back
-(`stash_loaded`, on the rank that read the checkpoint, before the strategy's `broadcast`); and, for
-accumulation, says before each micro-batch whether its gradients cross the ranks (`sync_gradients`).
+(`stash_loaded`, on the rank that read the checkpoint, before the strategy's `broadcast`); and the
+BatchNorm layers that average their statistics over every rank (`sync_batchnorm`). The verbs every
+framework's strategy shares are adapters/strategy.py's.
 """
 from __future__ import annotations
 
+from toolkit.adapters.strategy import Strategy
 
-class TorchStrategy:
+
+class TorchStrategy(Strategy):
     device = None
 
     def unwrap(self, model):
@@ -21,10 +24,11 @@ class TorchStrategy:
         """{"model": state_dict, "optimizer": state_dict} of one part, plain tensors: the checkpoint's format."""
         return {"model": self.unwrap(part.model).state_dict(), "optimizer": part.optimizer.state_dict()}
 
+    def sync_batchnorm(self, model):
+        """The model with every BatchNorm averaging its statistics over every rank's batch."""
+        raise self.refuse("sync_batchnorm")
+
     def stash_loaded(self, part, state: dict) -> None:
         """A checkpoint's part state, on the rank that read it: loaded here (the broadcast shares it)."""
         self.unwrap(part.model).load_state_dict(state["model"])
         part.optimizer.load_state_dict(state["optimizer"])
-
-    def sync_gradients(self, session, on: bool) -> None:
-        """Accumulation: whether the coming micro-batch's backward pass reduces (the last one) or not."""

@@ -20,7 +20,6 @@ collectives over Gloo always) is initialised from whichever launcher started the
 from __future__ import annotations
 
 import atexit
-import contextlib
 import inspect
 import os
 from datetime import timedelta
@@ -201,9 +200,6 @@ class TorchNative(TorchStrategy, Strategy):
     def reduce(self, session) -> None:
         """DDP (or FSDP) reduced the gradients during the backward pass."""
         self.steps += 1
-
-    def reduced(self, session):
-        return contextlib.nullcontext()
 
     # -- collectives ------------------------------------------------------------------------------------------
     def _group(self, tensor):

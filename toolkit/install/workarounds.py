@@ -1,8 +1,8 @@
 """The workaround table: one row per error the stock Horovod 0.28.1 build stops with on today's
 frameworks and toolchains (or that the built Horovod then hits at run time), with when it applies
-(judged from the detected toolchain, toolkit/build/toolchain.py) and what fixes it: the build's
-environment and flags here, the rows' edits of Horovod's sources in toolkit/build/horovod_patches.py.
-toolkit/build/horovod.py applies the rows that apply; `toolkit build-horovod --explain` prints the
+(judged from the detected toolchain, toolkit/install/toolchain.py) and what fixes it: the build's
+environment and flags here, the rows' edits of Horovod's sources in toolkit/install/horovod_patches.py.
+toolkit/install/horovod.py applies the rows that apply; `toolkit build-horovod --explain` prints the
 table for this machine. Stdlib only.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from toolkit.build import pins, toolchain as toolchain_mod
-from toolkit.build import horovod_patches as patches
+from toolkit.install import pins, toolchain as toolchain_mod
+from toolkit.install import horovod_patches as patches
 from toolkit.errors import ToolkitError
 
 if TYPE_CHECKING:
-    from toolkit.build.horovod import BuildSpec
+    from toolkit.install.buildspec import BuildSpec
 
 # Horovod's CMake forces -std=c++14; torch >= 2.1 headers need C++17 and torch >= 2.14's C++20
 # ("#error C++20 or later compatible compiler is required to use PyTorch"), and CXXFLAGS come first
@@ -128,7 +128,7 @@ def _tensorflow_headers(b: Build) -> None:
 
 
 def _cffi(b: Build) -> None:
-    _pip("install", "--disable-pip-version-check", "-q", f"cffi=={pins.TOOLS['cffi']}")
+    pip("install", "--disable-pip-version-check", "-q", f"cffi=={pins.TOOLS['cffi']}")
 
 
 def _nccl_from_pip(b: Build) -> None:
@@ -247,7 +247,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
 )
 
 
-def _pip(*args: str, env=None, log=None) -> None:
+def pip(*args: str, env=None, log=None) -> None:
     """Run pip in this environment; output to `log` if given, else kept for the error message."""
     cmd = [sys.executable, "-m", "pip", *args]
     proc = subprocess.run(cmd, stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -2,8 +2,8 @@
 
 The stock build fails on today's frameworks (torch >= 2.1, TensorFlow >= 2.19) and toolchains (GCC
 >= 13, CMake >= 4, NCCL and CUDA's compiler from pip wheels). Every workaround is one row of
-WORKAROUNDS (toolkit/build/workarounds.py), with the error it fixes and when it applies, judged from
-the detected toolchain (toolkit/build/toolchain.py); `toolkit build-horovod --explain` prints the
+WORKAROUNDS (toolkit/install/workarounds.py), with the error it fixes and when it applies, judged from
+the detected toolchain (toolkit/install/toolchain.py); `toolkit build-horovod --explain` prints the
 table for this machine. This module: the request and its cache key, the build, the install, the checks.
 `toolkit setup` and the Docker images both come through `toolkit build-horovod`.
 
@@ -23,55 +23,17 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from toolkit.build import pins, support, toolchain as toolchain_mod, wheelhouse
-from toolkit.build.workarounds import WORKAROUNDS, Build, _pip
+from toolkit.install import pins, support, toolchain as toolchain_mod, wheelhouse
+from toolkit.install.buildspec import ALL_FRAMEWORKS, BuildSpec
+from toolkit.install.workarounds import WORKAROUNDS, Build, pip
 from toolkit.errors import ToolkitError
 
-ALL_FRAMEWORKS = tuple(pins.HOROVOD_FRAMEWORKS)
 _HOROVOD_FLAG = {"torch": "PYTORCH", "tensorflow": "TENSORFLOW", "mxnet": "MXNET"}
 MARKER = ".toolkit_build_key"
 BUILD_INFO = ".toolkit_build.json"      # the installed build's manifest (wheelhouse.manifest)
-
-
-@dataclass(frozen=True)
-class BuildSpec:
-    frameworks: tuple[str, ...] = ALL_FRAMEWORKS
-    gpu: bool = False          # HOROVOD_GPU_OPERATIONS=NCCL
-    mpi: bool = True           # HOROVOD_WITH_MPI
-    gloo: bool = True          # HOROVOD_WITH_GLOO
-    extra_env: tuple[str, ...] = ()   # KEY=VALUE passed to the build as they are
-    cuda_arch: str | None = None      # "80,90": compute capabilities (default: the GPUs present, else a list)
-
-    @property
-    def operations(self) -> str:
-        return "nccl" if self.gpu else "cpu"
-
-    @property
-    def controllers(self) -> list[str]:
-        return [c for c, on in (("mpi", self.mpi), ("gloo", self.gloo)) if on]
-
-    def __post_init__(self):
-        unknown = sorted(set(self.frameworks) - set(ALL_FRAMEWORKS))
-        if unknown:
-            raise ToolkitError(f"--frameworks: unknown {', '.join(unknown)}; "
-                               f"choose from {', '.join(ALL_FRAMEWORKS)}")
-        if not self.frameworks:
-            raise ToolkitError("--frameworks: name at least one of " + ", ".join(ALL_FRAMEWORKS))
-        if not (self.mpi or self.gloo):
-            raise ToolkitError("build-horovod: --no-mpi and --no-gloo together leave no controller; keep one")
-        for item in self.extra_env:
-            if "=" not in item:
-                raise ToolkitError(f"--env {item!r}: expected KEY=VALUE, e.g. --env HOROVOD_DEBUG=1")
-        if self.cuda_arch is not None:
-            if not self.gpu:
-                raise ToolkitError("--cuda-arch applies to GPU builds; add --gpu or drop it")
-            if not all(a.isdigit() and len(a) >= 2 for a in self.cuda_arch.split(",")):
-                raise ToolkitError(f"--cuda-arch {self.cuda_arch!r}: expected compute capabilities without the dot, "
-                                   "e.g. --cuda-arch 80,90 (A100, H100)")
 
 
 def framework_versions(frameworks) -> dict[str, str]:
@@ -190,7 +152,7 @@ def installed_key() -> str | None:
 
 
 def _install(wheel: Path, key: str, data: dict | None = None) -> None:
-    _pip("install", "--no-deps", "--force-reinstall", "--no-compile", str(wheel))
+    pip("install", "--no-deps", "--force-reinstall", "--no-compile", str(wheel))
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
     package = Path(list(spec.submodule_search_locations)[0])
@@ -238,11 +200,11 @@ def ensure_requirements(spec: BuildSpec, say=print) -> None:
     absent = support.missing(support.HOROVOD_RUNTIME + support.HOROVOD_BUILD)
     if absent:
         say(f"horovod: installing what Horovod needs here: {' '.join(support.pinned(*absent))}")
-        _pip("install", "--disable-pip-version-check", "-q", *support.pinned(*absent))
+        pip("install", "--disable-pip-version-check", "-q", *support.pinned(*absent))
         importlib.invalidate_caches()
     if "mxnet" in spec.frameworks:
         import sysconfig
-        from toolkit.build import envsetup
+        from toolkit.install import envsetup
 
         site = Path(sysconfig.get_paths()["purelib"])
         if not (site / "toolkit_numpy_compat.pth").exists():
@@ -298,7 +260,7 @@ def _unpack(sdist: str | None, work: Path) -> Path:
     """Horovod's sdist (the one given, else pip's download of the pinned one), unpacked for the
     workarounds that patch it; the folder pip builds."""
     if sdist is None:
-        _pip("download", "--no-deps", "--no-binary", "horovod", "--disable-pip-version-check", "-q",
+        pip("download", "--no-deps", "--no-binary", "horovod", "--disable-pip-version-check", "-q",
              "-d", str(work / "sdist"), f"horovod=={pins.HOROVOD}")
         sdist = str(next((work / "sdist").glob("horovod-*.tar.gz")))
     if not Path(sdist).is_file():
@@ -343,7 +305,7 @@ def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str |
             try:
                 # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would hand back
                 # a wheel built against other framework versions (seen when torch's pin moved)
-                _pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir", "-v",
+                pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir", "-v",
                      "-w", str(work / "dist"), target, env=env, log=log)
             except ToolkitError as e:
                 raise ToolkitError(f"{e}; {first_errors(log_path)}") from None

@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolkit.build import pins
+from toolkit.install import pins
 from toolkit.errors import ToolkitError
 
-ROOT = Path(__file__).resolve().parents[2]       # the checkout: toolkit/build/envsetup.py
+ROOT = Path(__file__).resolve().parents[2]       # the checkout: toolkit/install/envsetup.py
 SHIM = Path(__file__).resolve().parents[1] / "shims" / "toolkit_numpy_compat.py"
 STAMP = ".toolkit-pins"
 
@@ -204,7 +204,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     start = time.monotonic()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     engines = parse_engines(",".join(engines))
-    from toolkit.build import support
+    from toolkit.install import support
     if not support.source_tree():
         raise ToolkitError("setup makes the repository's own virtualenv and runs from a checkout only; in this "
                            "environment install what you need with pip and build Horovod with `toolkit "
@@ -228,7 +228,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
         wheels = framework_wheels(python, list(pins.HOROVOD_FRAMEWORKS), gpu)
         for fw, req in wheels.items():
             if req:
-                say(f"setup: {fw} left out: no {req} wheel for Python {py} (toolkit/build/pins.py; "
+                say(f"setup: {fw} left out: no {req} wheel for Python {py} (toolkit/install/pins.py; "
                     f"Python {pins.PYTHON} has all three)")
         frameworks = [fw for fw, req in wheels.items() if not req]
         if not frameworks:

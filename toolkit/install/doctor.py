@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from toolkit import registry
-from toolkit.build import horovod as horovod_build, pins, support
+from toolkit.install import horovod as horovod_build, pins, support
 
 _PROBE = r"""
 import json, sys
@@ -82,8 +82,8 @@ ALL = "all"
 
 
 def _check_toolchain() -> None:
-    """What a build here would use (toolkit/build/toolchain.py), and what the installed build was made with."""
-    from toolkit.build import toolchain
+    """What a build here would use (toolkit/install/toolchain.py), and what the installed build was made with."""
+    from toolkit.install import toolchain
 
     found = toolchain.detect()
     built = horovod_build.installed_build() or {}
@@ -114,7 +114,7 @@ def _setup_frameworks() -> list[str] | None:
 
 def _check_versions(fw: str, chosen: list[str] | None) -> None:
     """The installed versions of `fw`'s distributions: against the pins in `make setup`'s virtualenv (its
-    stamp names the frameworks it installed), else against the support table (toolkit/build/support.py)."""
+    stamp names the frameworks it installed), else against the support table (toolkit/install/support.py)."""
     if chosen is not None:          # `make setup`'s virtualenv: the pins are the promise
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
         for name in pins.FRAMEWORK_DISTRIBUTIONS[fw]:
@@ -152,7 +152,7 @@ def _engine_fix(engine: str, setups_venv: bool) -> str:
 def _check_engines(setups_venv: bool) -> None:
     """The optional cluster engines (pins.ENGINES), each on its line, and the Java Spark runs on: informational,
     never a failure (who wants neither needs neither). Versions from the metadata: nothing imported."""
-    from toolkit.build import envsetup
+    from toolkit.install import envsetup
 
     for engine, pinned in pins.ENGINES.items():
         for name in (n.split("[")[0] for n in pinned):

@@ -1,14 +1,15 @@
-"""A session's loader: this process's micro-batches of a dataset, its position saved with checkpoints."""
+"""A session's loader: this process's micro-batches of a dataset, its position saved with checkpoints.
+Framework-free: the session that makes one passes itself and its framework's batches in."""
 from __future__ import annotations
 
-from toolkit.run.data import Sampler
+from toolkit.data.sampler import Sampler
 
 
 class Loader:
     """A session's loader: this process's micro-batches of a dataset, on the session's device.
 
     Iterating gives micro-batches `(x, y)`; `steps()` gives them grouped by optimizer step (the
-    built-in trainer's use). Which samples: `toolkit.run.data.Sampler` (one permutation per epoch,
+    built-in trainer's use). Which samples: `toolkit.data.sampler.Sampler` (one permutation per epoch,
     strided by replica; its position is saved with the session's checkpoints)."""
 
     def __init__(self, session, data, sampler: Sampler, batches):
@@ -52,7 +53,7 @@ class Loader:
 
 class StreamLoader(Loader):
     """A session's loader of sharded streams (`shards:PATH`, `toolkit.shards(PATH)`): the same verbs;
-    which samples: `toolkit.run.streams.StreamSampler` (its position, segments per world, is saved
+    which samples: `toolkit.data.stream_sampler.StreamSampler` (its position, segments per world, is saved
     with the session's checkpoints). `batches(source, reads, sizes, train)`: the framework's reader."""
 
     def steps(self):

@@ -1,6 +1,6 @@
 """What this machine builds Horovod with, detected: the C++ compiler, CMake, Python, cffi, NCCL (the
 system's or an `nvidia-nccl-cu*` wheel's), CUDA's compiler (the system's or a pip wheel's) and the
-GPUs present. `toolkit build-horovod` picks its workarounds from this (toolkit/build/workarounds.py),
+GPUs present. `toolkit build-horovod` picks its workarounds from this (toolkit/install/workarounds.py),
 `toolkit doctor` prints it. Stdlib only (runs before anything is installed).
 """
 from __future__ import annotations

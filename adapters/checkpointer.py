@@ -1,0 +1,80 @@
+"""The session's checkpoints: what `Session.save` and `Session.load` do, written once for every
+framework. The folder format (atomic `ckpt-<step>/` folders, a sha256 of every file in meta.json, the
+newest `keep_checkpoints` kept) is toolkit/run/checkpoint.py's; the framework's own files come from the
+session's hooks, handed in by the session (adapters/framework.py: gather, write and read its objects).
+
+    save   a collective: buffers averaged, the exchange's residuals and sharded state gathered, then
+           rank 0 writes (a folder it cannot write stops every rank with the same line)
+    load   rank 0 verifies and reads the newest checkpoint, the outcome (or the error) broadcast first,
+           then the same broadcast as at setup shares it; elastic (`collective=False`): rank 0 alone
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from toolkit import messages
+from toolkit.errors import ToolkitError
+from toolkit.run import checkpoint
+
+
+class Checkpointer:
+    def __init__(self, session, gather: Callable[[], None], write: Callable[[Path], None],
+                 read: Callable[[Path], None]):
+        self.session = session
+        self.gather, self.write, self.read = gather, write, read
+
+    def save(self, directory: str | None, progress: dict) -> Path | None:
+        session = self.session
+        directory = directory or session.config.checkpoint_dir
+        if not directory:
+            raise ToolkitError("session.save(): no folder; pass one or set checkpoint_dir")
+        if session.micro:
+            raise ToolkitError("session.save() between the micro-batches of one step; save after session.step() "
+                               "has stepped")
+        session.sync_buffers()
+        comm_state = session.communication.gather_state()       # a collective: every rank takes part
+        self.gather()                                            # a collective where the state is sharded
+        meta = {**progress, "loaders": [loader.state_dict() for loader in session.loaders]}
+        return session.on_main(lambda: checkpoint.save(directory, session.global_step, meta,
+                                                       lambda folder: (self.write(folder),
+                                                                       session.communication.write(folder,
+                                                                                                   comm_state)),
+                                                       keep=session.config.keep_checkpoints),
+                               name="toolkit.checkpoint_error")
+
+    def load(self, directory: str | None, collective: bool) -> dict:
+        session = self.session
+        directory = directory or session.config.checkpoint_dir
+        outcome = {}
+        if session.is_main:
+            try:
+                path, meta = checkpoint.latest(directory)
+                try:
+                    self.read(path)
+                    saved_comm = session.communication.read(path)
+                except Exception as e:  # the framework's own reader failed: name the file, not a traceback
+                    raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
+                                       f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
+                                       f"folder to resume from the one before") from None
+                outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
+            except ToolkitError as e:
+                if not collective:
+                    raise
+                outcome = {"error": str(e)}
+        if collective:
+            outcome = session.broadcast_object(outcome, name="toolkit.resume")
+            if "error" in outcome:
+                raise ToolkitError(outcome["error"])
+            session.broadcast()
+            note = session.communication.load(outcome["communication"])
+            if note:
+                messages.say(session.rank, f"warning: {note}", session.config.quiet)
+        elif not session.is_main:
+            return {}
+        meta = outcome["meta"]
+        for loader, state in zip(session.loaders, meta.get("loaders", [])):
+            loader.load_state_dict(state)
+        session.global_step = int(meta["step"])
+        messages.say(session.rank, f"resumed from {outcome['path']} (step {meta['step']})", session.config.quiet)
+        return meta

@@ -1,0 +1,33 @@
+"""The interface of a launcher: one way of starting the ranks, one module in this folder each, one row in
+the table (`LAUNCHERS` in __init__.py). The LaunchSpec (toolkit/launch/spec.py) checks the rules common to
+every launcher, then asks its launcher's `check`; `toolkit launch` runs `run`, `--dry-run` prints `commands`.
+
+A launcher reads the spec's fields and nothing else of it, so this folder imports no spec: `spec` below is a
+LaunchSpec, already checked when `commands` or `run` get it.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+Command = tuple[list[str], dict[str, str]]      # one process: argv and its environment
+
+
+class Launcher:
+    name = ""               # what --launcher takes
+    engine = False          # a cluster engine that places the workers itself (--cpus/--gpus-per-worker)
+    elastic = False         # runs elastic jobs (--min-np/--max-np)
+    elastic_flags = "--min-np or --host-discovery-script"   # what makes its job elastic (said of a lone --max-np)
+    flags: dict[str, str] = {}          # spec field -> the flag that is this launcher's alone (Ray's --address)
+    title = ""              # its name in a sentence: "--address is Ray's"
+    backends = ("horovod",)     # what the ranks it starts run: Horovod, or the framework's own engine ("native")
+
+    def check(self, spec) -> None:
+        """Refuse, in one line, a spec this launcher cannot run (the spec's common rules have passed)."""
+
+    def commands(self, spec, environ: Mapping[str, str] | None = None) -> list[Command]:
+        """Every process `run` starts, (argv, env) each, for `--dry-run` to print."""
+        raise NotImplementedError
+
+    def run(self, spec, timeout: Optional[float] = None, environ: Mapping[str, str] | None = None) -> int:
+        """Start the ranks; the job's exit code. A job over `timeout` seconds is stopped (124)."""
+        raise NotImplementedError
