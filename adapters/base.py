@@ -1,5 +1,9 @@
 """The session: the toolkit's public API, the same verbs in every framework.
 
+(Over the 450-line rule on purpose: this is the facade, every verb of docs/API.md with its docstring, written
+once; the work behind the verbs is the strategy's, the precision's, the exchange's, toolkit/data's,
+adapters/checkpointer.py's, adapters/guard.py's and adapters/parts.py's.)
+
     session = toolkit.start("cfg.yaml", framework="torch")    # hvd.init, device, threads, seeds
     model, optimizer = session.setup(model, optimizer)       # to the device, broadcast, wrapped
     loader = session.loader(dataset)                          # this rank's share, position as state
@@ -10,10 +14,10 @@
             session.step()                                    # every accumulation_steps-th call
         session.save(checkpoint_dir, epoch=epoch)
 
-Everything written once is here: the order of an optimizer step (`_reduce_and_apply`), the
-checkpoints of the session's objects (toolkit.run.checkpoint's atomic, hashed folders), the loaders'
-positions, metrics averaged over ranks, the replica check, the NaN guard. Three objects answer the
-rest, each chosen once:
+Everything written once is here: the order of an optimizer step (`_finish_step`, `_reduce_and_apply`),
+the loaders, metrics averaged over ranks, the replica check; composed of: the checkpoints
+(adapters/checkpointer.py on toolkit/run/checkpoint.py's atomic, hashed folders), the NaN guard
+(adapters/guard.py), the models set up (adapters/parts.py). Three objects answer the rest, each chosen once:
 - the framework's session (adapters/<framework>/session.py, a subclass): the tensor work
   (adapters/framework.py lists it): the model on the device, the backward pass, gradients and
   state as tensors, its files in a checkpoint;
@@ -28,19 +32,25 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from toolkit.run import preemption, schedule
 from toolkit.adapters.checkpointer import Checkpointer
 from toolkit.adapters.framework import TensorWork
 from toolkit.adapters.guard import NanGuard
 from toolkit.adapters.parts import Part, on_part, part_of
-from toolkit.data.loader import ForeignLoader, ForeignSampler, Loader, StreamLoader
 from toolkit.adapters.topology import Topology, digest
 from toolkit.data.batch import leading_size
+from toolkit.data.loader import ForeignLoader, ForeignSampler, Loader, StreamLoader
 from toolkit.data.sampler import Sampler
 from toolkit.data.streams import ShardSource
 from toolkit.errors import ToolkitError
+from toolkit.run import preemption, schedule
+
+if TYPE_CHECKING:
+    from toolkit.adapters.precision import Precision
+    from toolkit.adapters.strategy import Strategy
+    from toolkit.config import Config
+    from toolkit.run.metrics import MetricsLog
 
 __all__ = ["Loader", "Part", "Session", "Topology", "digest"]
 
@@ -52,10 +62,10 @@ class Session(TensorWork):
     loss_fn = on_part("loss_fn")
     communication = on_part("communication")
 
-    def __init__(self, config, strategy):
+    def __init__(self, config: Config, strategy: Strategy) -> None:
         self.config = config
         self.strategy = strategy    # adapters/strategy.py: how gradients and state move
-        self.precision = None       # adapters/<framework>/precision.py, made by start()
+        self.precision: Precision = None    # type: ignore[assignment]  # adapters/<framework>/precision.py, by start()
         self.parts: list[Part] = []     # one per setup() call
         self._part = Part()             # the one the verbs act on (the first, outside setup and step)
         self.topology: Topology = None    # type: ignore[assignment]  # set by start(), before any verb
@@ -68,7 +78,7 @@ class Session(TensorWork):
         self.step_skipped = False   # fp16: the last step overflowed and was skipped (its loss scale lowered)
         self.skipped_steps = 0
         self.local_digests: list[str] = []
-        self._metrics = None
+        self._metrics: MetricsLog | None = None
         # save() and load(), with this framework's files (adapters/checkpointer.py)
         self.checkpoints = Checkpointer(self, self._gather_objects, self._save_objects, self._load_objects)
 
@@ -204,8 +214,10 @@ class Session(TensorWork):
             return self._stream_loader(data, batch_size, shuffle, train, world, mine, reader)
         if self._is_stream(data):
             b = batch_size or self.config.batch_size
-            sampler = ForeignSampler(b, self.config.accumulation_steps if train else 1, world, mine, train)
-            loader = ForeignLoader(self, data, sampler, lambda d: self._stream_batches(d, b, train, **reader))
+            sampler: Sampler = ForeignSampler(b, self.config.accumulation_steps if train else 1, world, mine,
+                                              train)
+            loader: Loader = ForeignLoader(self, data, sampler,
+                                           lambda d: self._stream_batches(d, b, train, **reader))
             if train:
                 self.loaders.append(loader)
             return loader
@@ -231,7 +243,7 @@ class Session(TensorWork):
                                 self.config.accumulation_steps if train else 1, world, mine, self.config.seed,
                                 train=train, shuffle=shuffle)
         size = source.index.image_size or self.config.image_size or unset_default("image_size")
-        loader = StreamLoader(self, source, sampler,
+        loader = StreamLoader(self, source, sampler,  # type: ignore[arg-type]  # StreamSampler: a Sampler's verbs
                               lambda d, reads, sizes, training: reader_module.batches(self, d, reads, sizes, size,
                                                                                       training))
         if train:
@@ -316,7 +328,7 @@ class Session(TensorWork):
         self.strategy.reduce(self)
         self.precision.unscale(self.optimizer)
         if self.measures_norm:
-            self.grad_norm = self._clip_gradients(self.config.clip_grad_norm, batch)
+            self.grad_norm = self._clip_gradients(self.config.clip_grad_norm, batch)  # type: ignore[arg-type]  # set: measures_norm
         with self.strategy.reduced(self):
             self.step_skipped = self.precision.step(self.optimizer, batch)
         if self.reduces_loss:

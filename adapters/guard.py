@@ -19,7 +19,7 @@ class NanGuard:
     def __init__(self, session, drain: Callable[[], None]):
         self.session = session
         self.drain = drain              # every rank stops: the step already queued finishes on all of them
-        self.unchecked = None           # the last step's (step, value, what), checked one step late
+        self.unchecked: tuple | None = None     # the last step's (step, value, what), checked one step late
 
     def after_step(self, loss) -> None:
         s = self.session

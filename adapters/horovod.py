@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 from toolkit.adapters.strategy import Strategy
-from toolkit.install import support
 from toolkit.errors import ToolkitError
-from toolkit.launch.tuning import tuning_env
+from toolkit.install import support
+from toolkit.tuning import tuning_env
 
 
 def import_horovod(module: str, framework: str):
@@ -41,14 +42,14 @@ CPU_FUSION_THRESHOLD_MB = 4
 def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None:
     """Fusion threshold, cycle time, timeline and stall check from the config, set before
     `hvd.init()` reads them (Horovod's own environment variables, written by the same
-    `toolkit.launch.tuning.tuning_env` as `toolkit launch`'s flags, so both agree).
+    `toolkit.tuning.tuning_env` as `toolkit launch`'s flags, so both agree).
     `default_fusion_mb` applies only when neither the config nor the environment sets a threshold."""
     fusion_mb = config.fusion_threshold_mb
     if fusion_mb is None and "HOROVOD_FUSION_THRESHOLD" not in os.environ:
         fusion_mb = default_fusion_mb
     if config.timeline_file:        # Horovod does not create the timeline's folder
         Path(config.timeline_file).resolve().parent.mkdir(parents=True, exist_ok=True)
-    os.environ.update(item.split("=", 1) for item in
+    os.environ.update(item.split("=", 1) for item in   # type: ignore[misc]  # each item is KEY=VALUE
                       tuning_env(fusion_mb, config.cycle_time_ms, timeline=config.timeline_file))
     if config.stall_check_seconds == 0:
         os.environ["HOROVOD_STALL_CHECK_DISABLE"] = "1"
@@ -135,7 +136,7 @@ class HorovodStrategy(Strategy):
     the framework's device, optimizer wrapping, broadcast and array collectives."""
     name = "horovod"
     module = framework = ""      # "horovod.torch", "torch"
-    hvd = None
+    hvd: Any = None
 
     def init(self, comm=None, default_fusion_mb: float | None = None):
         """Tuning, `import horovod.<fw>`, hvd.init() on `comm` or every rank, the op checked."""

@@ -25,8 +25,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from typing import TYPE_CHECKING
 
 from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.config import Config
 
 
 class Strategy(abc.ABC):
@@ -34,7 +38,7 @@ class Strategy(abc.ABC):
     path: str = ""          # how it trains, in a few words (the JSON summary's "path")
     collectives: str = ""   # whose collectives the toolkit's exchange runs on, when not Horovod's
 
-    def __init__(self, config):
+    def __init__(self, config: Config) -> None:
         self.config = config
         # The toolkit's exchange (toolkit/exchange/communication.py) moves the gradients over this strategy's
         # collectives; else the backend reduces them itself (Horovod's distributed optimizer, ...).

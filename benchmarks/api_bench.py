@@ -76,11 +76,11 @@ def session_block(session, dataset, a, wait=None):
 
 
 def torch_worker(a) -> dict:
+    import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
 
     import toolkit
-    import horovod.torch as hvd
 
     session = toolkit.start(framework="torch", batch_size=a.batch_size, lr=0.01, momentum=0.9)
     x, y = arrays(a)
@@ -124,10 +124,9 @@ def tensorflow_worker(a) -> dict:
     import toolkit
 
     session = toolkit.start(framework="tensorflow", batch_size=a.batch_size, lr=0.01, momentum=0.9)
+    import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
-
-    import horovod.tensorflow as hvd
 
     x, y = arrays(a)
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
@@ -175,10 +174,9 @@ def mxnet_worker(a) -> dict:
     import toolkit
 
     session = toolkit.start(framework="mxnet", batch_size=a.batch_size, lr=0.01, momentum=0.9)
+    import horovod.mxnet as hvd
     import mxnet as mx
     from mxnet import autograd, gluon
-
-    import horovod.mxnet as hvd
 
     x, y = arrays(a)
     dataset = gluon.data.ArrayDataset(x, y.astype("float32"))

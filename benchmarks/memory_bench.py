@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common        # run as a module from the repository root (the workers too)
+from benchmarks import common  # run as a module from the repository root (the workers too)
 
 ROOT = common.ROOT
 BIN = Path(sys.executable).parent

@@ -143,8 +143,8 @@ class Burst:
 
 def predict(n: int, label: str, compute_s: float, one: dict, link: wire.Link, intra: wire.Link,
             free: wire.Link | None = None) -> float:
-    from toolkit.planner import plan
     from toolkit.config import Config
+    from toolkit.planner import plan
 
     cfg = Config()
     name = label.split()[0]

@@ -9,7 +9,7 @@ session.fit_callbacks())`, see examples/keras_fit.py.)
 import json
 import sys
 
-import toolkit                                                                          # toolkit
+import toolkit  # toolkit
 
 
 def main(epochs: int = 10) -> int:

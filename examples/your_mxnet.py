@@ -7,7 +7,7 @@ changes to the single-process script it was.
 import json
 import sys
 
-import toolkit                                                                          # toolkit
+import toolkit  # toolkit
 
 
 def main(epochs: int = 10) -> int:

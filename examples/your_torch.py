@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
-import toolkit                                                                          # toolkit
+import toolkit  # toolkit
 
 
 def main(epochs: int = 10) -> int:

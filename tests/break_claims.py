@@ -35,7 +35,7 @@ A, N = "tests/test_api.py", "tests/test_numerics.py"
 W = "tests/test_workloads.py"
 TU = "tests/test_tf_usercode.py"
 MU = "tests/test_mxnet_usercode.py"
-I = "tests/test_install.py"
+IN = "tests/test_install.py"
 NT = "tests/test_native_torch.py"
 TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
 MUTANTS = [
@@ -477,27 +477,27 @@ MUTANTS = [
     # Installing into a user's environment (issue 34): tests/test_install.py
     Mutant('dist-named-toolkit', "the distribution is not the index's unrelated `toolkit`",
            (('pyproject.toml', 'name = "horovod-toolkit"', 'name = "toolkit"'),),
-           (f"{I}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
+           (f"{IN}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
     Mutant('runtime-requirement-dropped', "the package declares Horovod's run-time requirements",
            (('pyproject.toml', '"psutil>=5.9", ', ''),),
-           (f"{I}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
+           (f"{IN}::test_the_distribution_is_named_apart_and_its_requirements_are_horovods_and_admit_the_pins",)),
     Mutant('build-every-framework', 'build-horovod builds for the frameworks installed, not all three',
            (('toolkit/commands/build_horovod.py', '        frameworks = tuple(found)', '        frameworks = ("torch", "tensorflow", "mxnet")'),),
-           (f"{I}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
+           (f"{IN}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
     Mutant('runtime-not-installed', "build-horovod installs what Horovod imports at run time when it is missing",
            (('toolkit/install/horovod.py', '    absent = support.missing(support.HOROVOD_RUNTIME + support.HOROVOD_BUILD)', '    absent = []'),),
-           (f"{I}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
+           (f"{IN}::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_trains",)),
     Mutant('doctor-checks-all', 'doctor --framework F checks F only',
            (('toolkit/install/doctor.py', '    wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]',
              '    wanted = list(pins.HOROVOD_FRAMEWORKS)'),),
-           (f"{I}::test_uv_installs_the_wheel_and_its_commands_run",)),
+           (f"{IN}::test_uv_installs_the_wheel_and_its_commands_run",)),
     Mutant('make-setup-everywhere', '`make setup` is a fix only in a checkout',
            (('toolkit/install/support.py', '    return f"`{command}`" + (" (or `make setup`)" if in_checkout() else "")',
              '    return f"`{command}` (or `make setup`)"'),),
-           (f"{I}::test_fixes_name_make_setup_only_in_a_checkout", f"{I}::test_uv_installs_the_wheel_and_its_commands_run")),
+           (f"{IN}::test_fixes_name_make_setup_only_in_a_checkout", f"{IN}::test_uv_installs_the_wheel_and_its_commands_run")),
     Mutant('outside-table-silent', 'a version outside the support table is said in one line',
            (('toolkit/install/support.py', '    if base in tested(framework):', '    if True:'),),
-           (f"{I}::test_a_version_outside_the_table_is_one_line_and_the_local_label_is_ignored",)),
+           (f"{IN}::test_a_version_outside_the_table_is_one_line_and_the_local_label_is_ignored",)),
     # torch's own engine (issue 35)
     Mutant("native-accumulation-wrong-micro", "accumulation on DDP equals one large batch (the last micro-batch reduces)",
            (("adapters/torch/session.py", "self.strategy.sync_gradients(self, self.micro % k == k - 1)",
@@ -534,6 +534,16 @@ MUTANTS = [
            (("adapters/torch/sharding.py", "    for block in _blocks(model):\n        shard(block, mp_policy=policy)\n"
              "    shard(model, mp_policy=policy)\n", ""),),
            (f"{NT}::test_each_rank_holds_its_share[fsdp]",)),
+    Mutant("launcher-imports-spec", "no import circle runs through the product, imports inside functions included",
+           (("toolkit/launch/launchers/horovodrun.py", "from toolkit.launch.processes import run_relayed\n",
+             "from toolkit.launch.processes import run_relayed\n\n\ndef _spec():\n    from toolkit.launch import spec\n"
+             "    return spec\n"),),
+           ("tests/test_layout.py::test_no_import_circle",)),
+    Mutant("exchange-asks-planner", "toolkit/exchange never imports the planner (no arrow runs upward)",
+           (("toolkit/exchange/wire.py", "from __future__ import annotations\n",
+             "from __future__ import annotations\n\n\ndef _plan():\n    from toolkit.planner import scaling\n"
+             "    return scaling\n"),),
+           ("tests/test_layout.py::test_no_import_arrow_runs_upward",)),
 ]
 
 

@@ -1,8 +1,8 @@
 """Atomic checkpoints: keep-N, verification, and a clear error for a corrupt one."""
 import pytest
 
-from toolkit.run import checkpoint
 from toolkit.errors import ToolkitError
+from toolkit.run import checkpoint
 
 
 def writer(payload: bytes):

@@ -8,10 +8,10 @@ import threading
 import numpy as np
 import pytest
 
+from toolkit.config import Config
 from toolkit.exchange.communication import Communication
 from toolkit.exchange.compression import TopK
 from toolkit.exchange.exchanges import GradientExchange
-from toolkit.config import Config
 
 FEATURES = 50
 

@@ -9,8 +9,18 @@ import shutil
 
 import pytest
 
-from tests.conftest import (FRAMEWORKS, TRAIN, assert_replicas, clean_env, digits, one_line_error, run,
-                            timeline_gradient_bytes, toolkit, train_job)
+from tests.conftest import (
+    FRAMEWORKS,
+    TRAIN,
+    assert_replicas,
+    clean_env,
+    digits,
+    one_line_error,
+    run,
+    timeline_gradient_bytes,
+    toolkit,
+    train_job,
+)
 from tests.helpers import assert_resumed, baseline, baseline_timeline, file_hashes, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed

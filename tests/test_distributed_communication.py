@@ -169,6 +169,7 @@ def test_adasum_on_three_ranks_is_a_clear_error():
 def tensorboard_scalars(folder) -> dict:
     """{tag: [(step, value)]} from the TFRecord-framed event files tensorboardX wrote."""
     import struct
+
     from tensorboardX.proto.event_pb2 import Event
     scalars = {}
     for path in folder.glob("events.out.tfevents.*"):

@@ -11,9 +11,9 @@ import tomllib
 
 import pytest
 
-from toolkit.install import doctor, envsetup, pins, support
-from toolkit.errors import ToolkitError
 from tests.conftest import ROOT, clean_env, toolkit
+from toolkit.errors import ToolkitError
+from toolkit.install import doctor, envsetup, pins, support
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 

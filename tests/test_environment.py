@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from toolkit.install import horovod as horovod_build, pins
+from toolkit.install import horovod as horovod_build
+from toolkit.install import pins
 
 pytest.importorskip("horovod", reason="run `make setup` to build Horovod")
 

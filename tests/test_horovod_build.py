@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.install import horovod as hb, horovod_patches as hp, toolchain as tc, workarounds as wa
 from toolkit.errors import ToolkitError
+from toolkit.install import horovod as hb
+from toolkit.install import horovod_patches as hp
+from toolkit.install import toolchain as tc
+from toolkit.install import workarounds as wa
 
 # This machine's kind of toolchain (Debian 12), written out: the tests below change one thing at a time.
 TOOLCHAIN = tc.Toolchain(python=(3, 11), compiler="c++", compiler_id="gcc", compiler_version=(12, 2, 0),
@@ -92,6 +95,7 @@ def test_a_changed_patch_gives_a_new_cache_key(monkeypatch):
 def test_a_wheelhouse_build_made_with_other_patches_is_refused(tmp_path):
     import json
     import sys
+
     from toolkit.install import pins, wheelhouse
     spec, versions = hb.BuildSpec(frameworks=("torch",)), {"torch": "torch==2.14.1"}
     key = hb.cache_key(spec, versions)
@@ -166,7 +170,6 @@ def test_the_source_patches_match_horovods_own_files(tmp_path):
     """The patched lines are in Horovod 0.28.1's sdist (pip's download; skipped without an index):
     flatbuffers' span, the three ops that log their name after queueing it (MXNet frees it), the Keras 3
     API, the controllers recorded for horovodrun; each patched Python file still compiles."""
-    import tarfile
     proc = __import__("subprocess").run([__import__("sys").executable, "-m", "pip", "download", "--no-deps",
                                          "--no-binary", "horovod", "-q", "-d", str(tmp_path), "horovod==0.28.1"],
                                         capture_output=True, text=True, timeout=300)

@@ -54,8 +54,10 @@ def patched(tmp_path_factory) -> Path:
         pytest.skip(f"horovod.tensorflow does not import ({why}); run `make setup`")
     if int(metadata.version("keras").split(".")[0]) < 3:
         pytest.skip("Keras 2 is installed: these run Horovod's TensorFlow API on Keras 3")
-    from toolkit.install import horovod as hb, horovod_patches as hp, workarounds as wa
     from toolkit.errors import ToolkitError
+    from toolkit.install import horovod as hb
+    from toolkit.install import horovod_patches as hp
+    from toolkit.install import workarounds as wa
     try:
         source = hb._unpack(None, tmp_path_factory.mktemp("sdist"))
     except ToolkitError:
@@ -168,11 +170,11 @@ def test_horovods_own_tf2_examples_run_on_keras3_with_identical_replicas(script,
 
 def api_checks() -> dict:
     """On each rank (2): the API the example scripts leave out, on Keras 3 variables and optimizers."""
-    import numpy as np
-    import keras
-    import tensorflow as tf
     import horovod.tensorflow as hvd
     import horovod.tensorflow.keras as hvd_k
+    import keras
+    import numpy as np
+    import tensorflow as tf
 
     hvd.init()
     rank = hvd.rank()

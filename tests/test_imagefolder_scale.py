@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from toolkit.errors import ToolkitError
 from toolkit.data import ondisk
+from toolkit.errors import ToolkitError
 
 SPEC = "imagefolder:x"
 # digits_folder(per_class=5)'s held-out files, as the code before the shared listing chose them

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tomllib
 import zipfile
-from importlib import metadata
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, horovod_status, summary, run
+from tests.conftest import ROOT, horovod_status, run, summary
 
 pytestmark = pytest.mark.distributed
 

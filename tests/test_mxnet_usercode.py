@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tests.helpers import script_ranks
 from tests.conftest import ROOT, horovod_status, run, train_job
+from tests.helpers import script_ranks
 
 pytestmark = pytest.mark.distributed
 SCRIPT = str(ROOT / "tests" / "user_gluon.py")

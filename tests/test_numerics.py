@@ -97,8 +97,8 @@ def test_clipping_where_there_is_no_reduced_gradient_is_one_line(keys, needle):
 def test_the_check_itself():
     import numpy as np
 
-    from toolkit.exchange import numerics
     from toolkit.errors import ToolkitError
+    from toolkit.exchange import numerics
     grads, norm = numerics.clip([np.full(4, 3.0, np.float32), np.full(10, 4.0, np.float32)], 6.0)
     assert norm == pytest.approx(14.0)
     _, after = numerics.clip(grads, None)

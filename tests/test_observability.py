@@ -72,8 +72,8 @@ def test_timeline_and_stall_check_reach_horovod(tmp_path):
 @pytest.mark.parametrize("stall, expected", [("0", {"HOROVOD_STALL_CHECK_DISABLE": "1"}),
                                              ("120", {"HOROVOD_STALL_CHECK_TIME_SECONDS": "120"})])
 def test_horovod_settings_become_horovod_variables(monkeypatch, tmp_path, stall, expected):
-    from toolkit.adapters.horovod import apply_horovod_tuning
     from toolkit import config
+    from toolkit.adapters.horovod import apply_horovod_tuning
     env = {}
     monkeypatch.setattr(os, "environ", env)
     apply_horovod_tuning(config.resolve({"timeline_file": str(tmp_path / "t" / "x.json"), "stall_check_seconds": stall,
@@ -133,8 +133,8 @@ def test_weights_and_biases_when_asked(tmp_path):
 
 
 def test_cpu_fusion_default_only_when_nobody_chose(monkeypatch):
-    from toolkit.adapters.horovod import CPU_FUSION_THRESHOLD_MB, apply_horovod_tuning
     from toolkit import config
+    from toolkit.adapters.horovod import CPU_FUSION_THRESHOLD_MB, apply_horovod_tuning
     mib = 1024 * 1024
     for environ, fields, expected in [({}, {}, str(CPU_FUSION_THRESHOLD_MB * mib)),     # the CPU default
                                       ({"HOROVOD_FUSION_THRESHOLD": "123"}, {}, "123"),  # horovodrun's flag wins

@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, one_line_error, run, train_job
 from tests.helpers import max_diff, user_loop
-from toolkit.install import toolchain
 from toolkit.errors import ToolkitError
+from toolkit.install import toolchain
 
 pytestmark = pytest.mark.distributed
 
@@ -27,8 +27,8 @@ def test_sync_batchnorm_gives_every_rank_the_statistics_of_the_union(fw, tmp_pat
     step): weights and running statistics. Without it the ranks normalise with their own halves."""
     common = ["--epochs", "1", "--momentum", "0", "--record-steps"]     # the BatchNorm model of user_code.py
     synced = user_loop(fw, tmp_path / "sync.json", *common, "--batch-size", "16", "--set", "sync_batchnorm=true")
-    large = user_loop(fw, tmp_path / "large.json", *common, "--batch-size", "32", ranks=1)
-    local = user_loop(fw, tmp_path / "local.json", *common, "--batch-size", "16")
+    user_loop(fw, tmp_path / "large.json", *common, "--batch-size", "32", ranks=1)
+    user_loop(fw, tmp_path / "local.json", *common, "--batch-size", "16")
     assert len(set(synced["final_digests"])) == 1
     assert max_diff(state(tmp_path / "sync.json"), state(tmp_path / "large.json")) < 1e-5
     assert max_diff(state(tmp_path / "local.json"), state(tmp_path / "large.json")) > 1e-3, \

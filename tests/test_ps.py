@@ -17,10 +17,19 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import (FRAMEWORKS, TRAIN, digits, horovod_status, one_line_error, rank_process, run, started,
-                            train_job)
-from toolkit.run import checkpoint, ps
+from tests.conftest import (
+    FRAMEWORKS,
+    TRAIN,
+    digits,
+    horovod_status,
+    one_line_error,
+    rank_process,
+    run,
+    started,
+    train_job,
+)
 from toolkit.config import Config, Optimizer
+from toolkit.run import checkpoint, ps
 
 pytestmark = pytest.mark.distributed
 

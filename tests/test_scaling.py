@@ -314,8 +314,8 @@ def test_bandwidth_units(text, expected):
 
 def test_recorded_exchanges_match_their_payloads():
     pytest.importorskip("numpy")
-    from toolkit.planner import plan
     from toolkit.config import Config
+    from toolkit.planner import plan
 
     shapes = [(64, 32), (32,), (10, 32), (10,)]          # 2410 values
     n = sum(math.prod(s) for s in shapes)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FRAMEWORKS, ROOT, run, summary, toolkit, train_job
+from tests.conftest import FRAMEWORKS, ROOT, run, toolkit, train_job
 
 STREAM_LOOP = [sys.executable, str(ROOT / "tests" / "stream_loop.py")]
 
@@ -75,8 +75,8 @@ def test_bad_shards_are_one_line(images, tmp_path):
         assert proc.returncode != 0 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     # another framework's shards: one line naming the fix (the index is read before any framework)
     from toolkit import config
-    from toolkit.errors import ToolkitError
     from toolkit.data import datasets, streams
+    from toolkit.errors import ToolkitError
     (tmp_path / "rec").mkdir()
     streams.write_index(tmp_path / "rec", format="recordio", kind="image", source="x", framework="mxnet",
                         num_classes=10, splits={"train": [], "eval": []})

@@ -23,8 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, horovod_status, one_line_error, run, summary, \
-    train_job
+from tests.conftest import (
+    ROOT,
+    TRAIN,
+    assert_replicas,
+    clean_env,
+    horovod_status,
+    one_line_error,
+    run,
+    summary,
+    train_job,
+)
 
 DIGITS = ["--framework", "torch", "--dataset", "digits", "--epochs", "2"]
 FAIL_MARK = "spark-test-failing-rank"

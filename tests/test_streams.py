@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from toolkit.errors import ToolkitError
 from toolkit.data import stream_sampler, streams
+from toolkit.errors import ToolkitError
 
 SIZES = [37, 50, 8, 61, 44, 29, 70, 13]          # samples per shard: uneven, as real shards end
 

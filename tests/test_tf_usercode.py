@@ -57,8 +57,8 @@ def lr_now(optimizer) -> float:
 
 
 def fit(a, session) -> dict:
-    from toolkit.adapters.base import digest
     from tests import user_code
+    from toolkit.adapters.base import digest
     keras = session.keras
     model = keras.Sequential([keras.Input((user_code.FEATURES,)), keras.layers.Dense(16),
                               keras.layers.BatchNormalization(), keras.layers.ReLU(),
@@ -99,6 +99,7 @@ def fields(kind: str, batch):
 def loop(a, session) -> dict:
     import numpy as np
     import tensorflow as tf
+
     from tests import user_code
     from toolkit.errors import ToolkitError
     keras = session.keras
@@ -142,6 +143,7 @@ def batches(a) -> list:
     structure and fields."""
     import numpy as np
     import tensorflow as tf
+
     from toolkit.adapters.tensorflow import data
     from toolkit.data.sampler import Sampler
     i = np.arange(8)
@@ -181,6 +183,7 @@ def launch(tmp_path, *args, ranks: int = 2, name: str = "out") -> dict:
     """This file on `ranks` ranks (toolkit launch, Gloo; one: a plain process); rank 0's record (and
     the loop's final weights, as "weights")."""
     import numpy as np
+
     from tests.conftest import horovod_status, run
     why = horovod_status("tensorflow")
     if why:

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import script_ranks
 from tests.conftest import ROOT, run
+from tests.helpers import script_ranks
 
 pytestmark = pytest.mark.distributed
 SCRIPT = str(ROOT / "tests" / "user_torch.py")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TRAIN, clean_env, one_line_error, run, summary
-from toolkit.install import horovod as horovod_build, pins, wheelhouse
+from tests.conftest import TRAIN, clean_env, one_line_error, run, summary
+from toolkit.install import horovod as horovod_build
+from toolkit.install import pins, wheelhouse
 
 pytestmark = pytest.mark.skipif(horovod_build.installed_key() is None,
                                 reason="no toolkit-built Horovod installed (run `make setup`)")

@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import TRAIN, assert_replicas, one_line_error, run, train_job
 from tests.workload_data import cifar_folder, digits_folder, text_file
-from toolkit.data import ondisk
 from toolkit import config as config_module
-from toolkit.install import toolchain
+from toolkit.data import ondisk
 from toolkit.errors import ToolkitError
+from toolkit.install import toolchain
 
 FRAMEWORKS = ("torch", "tensorflow", "mxnet")
 QUIET = ["--quiet", "--image-size", "32"]

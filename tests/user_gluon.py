@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import toolkit  # noqa: E402
-from toolkit.adapters.topology import digest  # noqa: E402
 from tests import user_code  # noqa: E402
+from toolkit.adapters.topology import digest  # noqa: E402
 
 TRAIN = 384         # of user_code's 512 samples; the rest is held out
 

@@ -7,7 +7,8 @@ import os
 import sys
 import threading
 
-from toolkit.commands import bench, build_horovod, config as config_cmd, doctor, launch, plan, setup, shards, train
+from toolkit.commands import bench, build_horovod, doctor, launch, plan, setup, shards, train
+from toolkit.commands import config as config_cmd
 from toolkit.errors import ToolkitError
 from toolkit.messages import print_error
 

@@ -51,10 +51,10 @@ def _import(key: str, reference: str, where: str):
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
+        module = importlib.util.module_from_spec(spec)    # type: ignore[arg-type]  # a .py file: a spec
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            spec.loader.exec_module(module)               # type: ignore[union-attr]  # with its loader
         except Exception as e:
             del sys.modules[name]
             raise ToolkitError(f"{key}={reference!r}: importing {where} failed ({e.__class__.__name__}: {e})") from None

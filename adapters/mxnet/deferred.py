@@ -8,16 +8,34 @@ checkpoint (the strategy's broadcast).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
+
+# isort: split
 import mxnet as mx
 from mxnet import autograd, gluon
 
 from toolkit.adapters.topology import digest
 from toolkit.errors import ToolkitError
 
+if TYPE_CHECKING:
+    from toolkit.adapters.mxnet.strategies.common import MxnetStrategy
+
 
 class DeferredShapes:
-    _first_call = None      # the forward pre-hook that finishes setup, while the model's shapes are unknown
+    _first_call: Any = None     # the forward pre-hook that finishes setup, while the model's shapes are unknown
+
+    if TYPE_CHECKING:           # what the MXNet session it is mixed into (adapters/mxnet/session.py) has
+        params: Any
+        strategy: MxnetStrategy
+        local_digests: list[str]
+        communication: Any
+
+        @property
+        def ctx(self) -> Any: ...
+        def broadcast(self, root: int = 0) -> None: ...
+        def replica_parameters(self) -> list[list]: ...
 
     @property
     def shapes_known(self) -> bool:

@@ -7,12 +7,11 @@ fp16 is refused for MXNet when the config resolves (toolkit/registry.py).
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from toolkit.install import toolchain
 from toolkit.adapters.precision import Precision as Base
 from toolkit.errors import ToolkitError
+from toolkit.install import toolchain
 
 
 def _amp_bf16() -> None:

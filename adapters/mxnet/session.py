@@ -15,15 +15,20 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
-from toolkit.exchange import numerics
 from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
-from toolkit.adapters.mxnet.precision import Precision, float32 as _float32
+from toolkit.adapters.mxnet.precision import Precision
+from toolkit.adapters.mxnet.precision import float32 as _float32
 from toolkit.config import PS_SYNCS, Optimizer
-from toolkit.errors import ToolkitError
 from toolkit.data.batch import map_structure
+from toolkit.errors import ToolkitError
+from toolkit.exchange import numerics
+
+if TYPE_CHECKING:
+    from toolkit.adapters.mxnet.strategies.common import MxnetStrategy
 
 # MXNet sizes its OpenMP pool when it starts: share the cores between the ranks on this host first.
 os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank()))
@@ -40,8 +45,10 @@ STATES_FILE = "trainer.states"
 
 class MxnetSession(DeferredShapes, Session):
     name = "mxnet"
+    strategy: MxnetStrategy
     accumulate = False      # gradients add up in .grad (set by the strategy's wrap)
     _samples = 0
+    _loss: Any              # the step's summed micro-batch losses (backward)
 
     @property
     def ctx(self):
@@ -167,12 +174,12 @@ class MxnetSession(DeferredShapes, Session):
         self._reduce_and_apply(self._samples, self._loss / self._samples)
         self._zero_grad()
 
-    def _reduce_and_apply(self, samples: int, loss) -> None:
+    def _reduce_and_apply(self, samples: int, loss) -> None:  # type: ignore[override]  # this session's steps call it
         """The facade's step with the Trainer's batch: the gradient applied is .grad x `_scale` / batch
         (the Trainer's rescale_grad; Horovod folds 1/size into `_scale` when it averages)."""
         super()._reduce_and_apply(loss, batch=samples * self.strategy.step_divisor)
 
-    def _clip_gradients(self, max_norm: float, batch: float):
+    def _clip_gradients(self, max_norm: float, batch: float):  # type: ignore[override]  # the facade passes batch
         """The reduced gradient's norm as it will be applied (x `_scale` / batch), and .grad clipped."""
         grads = [p.grad(self.ctx) for p in self.trainable()]
         scale = self.optimizer._scale / batch

@@ -37,7 +37,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op=None,
     op = hvd.Average if op is None else op
     compression = hvd.Compression.none if compression is None else compression
 
-    class _Distributed(_Allreducing, type(optimizer)):
+    class _Distributed(_Allreducing, type(optimizer)):     # type: ignore[misc]  # the user's optimizer class
         def apply(self, grads, trainable_variables=None):
             grads = list(grads)
             if hvd.size() > 1:

@@ -6,6 +6,7 @@ model's and the optimizer's variables.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -15,6 +16,10 @@ from toolkit.adapters.base import Session
 from toolkit.adapters.tensorflow import data
 from toolkit.config import Optimizer
 from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.adapters.tensorflow.precision import Precision
+    from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
 
 WEIGHTS_FILE = "weights.npz"
 OPTIMIZER_FILE = "optimizer.npz"
@@ -60,6 +65,11 @@ def load_arrays(path: Path) -> list:
 class KerasSession(Session):
     """Keras 3 parts of a session; subclasses add the steps that reduce gradients (with the strategy)."""
     keras = keras
+    strategy: TensorflowStrategy
+    precision: Precision
+    _pending: Any               # the step's summed micro-batch gradients (backward)
+    _pending_loss: Any          # and their mean loss
+    _apply_local_fn: Any        # the compiled apply of given gradients (the subclass's compile_steps)
 
     def _seed(self, seed: int) -> None:
         self.keras.utils.set_random_seed(seed)

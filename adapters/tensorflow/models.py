@@ -20,7 +20,10 @@ def build(config, num_features: int, num_classes: int, keras_module=keras, regul
     if config.model == Model.TRANSFORMER_LM.value:
         return transformer_lm(num_classes, config.hidden_size, config.hidden_layers, config.heads, config.context)
     reg = regularizer or (lambda: None)
-    dense = lambda units, **kw: keras_module.layers.Dense(units, kernel_regularizer=reg(), bias_regularizer=reg(), **kw)
+
+    def dense(units, **kw):
+        return keras_module.layers.Dense(units, kernel_regularizer=reg(), bias_regularizer=reg(), **kw)
+
     layers = [keras_module.Input((num_features,))]
     if config.model == "mlp":
         layers += [dense(config.hidden_size, activation="relu") for _ in range(config.hidden_layers)]

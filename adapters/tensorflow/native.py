@@ -6,18 +6,24 @@ shared with the Horovod session (keras.py).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit.adapters.topology import digest
 from toolkit.adapters.tensorflow import models
 from toolkit.adapters.tensorflow.keras import KerasSession
+from toolkit.adapters.topology import digest
 from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.adapters.tensorflow.strategies.native import TensorflowNative
 
 
 class NativeSession(KerasSession):
     name = "tensorflow"
+    strategy: TensorflowNative
 
     # -- model ------------------------------------------------------------------------------------
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):

@@ -58,8 +58,9 @@ class SyncBatchNorm(_BatchNorm):
         """torch's exponential_average_factor (momentum None: a cumulative average)."""
         if not (self.training and self.track_running_stats):
             return 0.0 if self.momentum is None else self.momentum
-        self.num_batches_tracked.add_(1)
-        return 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        # a tensor while track_running_stats
+        self.num_batches_tracked.add_(1)                                    # type: ignore[union-attr]
+        return 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum  # type: ignore[arg-type]
 
 
 def convert(module: torch.nn.Module, reduce_sum, world, prefix: str = "toolkit.sync_bn") -> torch.nn.Module:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from toolkit.config import Compression
 
 DEFAULT_HOOKS = {Compression.FP16: "fp16_compress_hook", Compression.BF16: "bf16_compress_hook"}

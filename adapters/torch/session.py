@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,8 +25,11 @@ import torch.nn.functional as F
 from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import Optimizer
-from toolkit.errors import ToolkitError
 from toolkit.data.batch import map_structure
+from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.adapters.torch.strategies.common import TorchStrategy
 
 STATE_FILE = "state.pt"
 
@@ -33,7 +37,10 @@ STATE_FILE = "state.pt"
 class TorchSession(Session):
     name = "torch"
     several_models = True
+    strategy: TorchStrategy
     _array_ops = None
+    _loss: Any                  # the step's summed micro-batch losses (backward)
+    _saving: Any                # the parts' whole states, from _gather_objects to _save_objects
 
     @property
     def torch_device(self) -> torch.device:

@@ -68,7 +68,8 @@ def _blocks(model) -> list:
 def fully_shard(session, strategy):
     """session.model sharded in place (rank 0's initial parameters first), and its optimizer remade over the
     sharded parameters (the same class, groups and settings)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard as shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard as shard
     model, optimizer = session.model, session.optimizer
     if any(optimizer.state.values()):
         raise ToolkitError("sharding=fsdp: the optimizer already has state (it stepped before setup); pass a "
@@ -94,8 +95,7 @@ def full_state(part, strategy) -> dict:
         part.optimizer.consolidate_state_dict(to=0)
         return {"model": strategy.unwrap(part.model).state_dict(),
                 "optimizer": part.optimizer.state_dict() if strategy.rank == 0 else None}
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     optimizer = get_optimizer_state_dict(part.model, part.optimizer, options=options)
     return {"model": get_model_state_dict(part.model, options=options),
@@ -134,8 +134,7 @@ def broadcast(session, strategy, stash: dict | None) -> None:
                                                     name="toolkit.zero1_optimizer")
         part.optimizer.load_state_dict(optimizer_state)
         return
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(part.model, stash["model"] if stash else {}, options=options)
     optimizer = _keyed(stash["optimizer"], _names(part), by_name=True) if stash else {}

@@ -57,7 +57,7 @@ def decoder(source, config, size: int, train: bool):
         return decode
     transform = images.transform(size, train and config.augment, index.mean, index.std)
 
-    def decode(sample):
+    def decode(sample):  # type: ignore[no-redef]  # images' (the tokens' returned above)
         from PIL import Image
         ext = next(k for k in ("png", "jpg", "jpeg") if k in sample)
         try:

@@ -18,9 +18,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
 from common import arguments, threads, time_steps, write
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch_model import model_and_batch
 
 args = arguments(__doc__)

@@ -12,9 +12,8 @@ os.environ.setdefault("OMP_NUM_THREADS", str(threads(int(os.environ.get("HOROVOD
 
 import horovod.mxnet as hvd  # noqa: E402  (after OMP_NUM_THREADS, which MXNet reads at import)
 import mxnet as mx  # noqa: E402
-from mxnet import autograd, gluon  # noqa: E402
-
 from common import time_steps, write  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
 
 hvd.init()
 mx.random.seed(hvd.rank())

@@ -6,7 +6,6 @@ examples/tensorflow2/tensorflow2_synthetic_benchmark.py: hvd.DistributedGradient
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
-
 from common import arguments, threads, time_steps, write
 from tf_model import batch, loss_of, mlp, set_threads
 

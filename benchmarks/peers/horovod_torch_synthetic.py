@@ -7,7 +7,6 @@ fixed random batch.
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-
 from common import arguments, threads, time_steps, write
 from torch_model import model_and_batch
 

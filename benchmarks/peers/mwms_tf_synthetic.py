@@ -7,7 +7,6 @@ import json
 import os
 
 import tensorflow as tf
-
 from common import arguments, threads, time_steps, write
 from tf_model import batch, loss_of, mlp, set_threads
 

@@ -33,8 +33,9 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from toolkit.install import horovod as horovod_build, support, toolchain
     from toolkit.errors import ToolkitError
+    from toolkit.install import horovod as horovod_build
+    from toolkit.install import support, toolchain
 
     if args.frameworks is None:
         found = support.found()

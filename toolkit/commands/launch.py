@@ -80,7 +80,7 @@ def run(args) -> int:
     from toolkit.launch.hosts import read_hostfile
     from toolkit.launch.launchers import LAUNCHERS
     from toolkit.launch.spec import LaunchSpec, choose_launcher
-    from toolkit.launch.tuning import tuning_env
+    from toolkit.tuning import tuning_env
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found = config.command_keys(command)
@@ -125,8 +125,8 @@ def run(args) -> int:
             sys.stdout.write(yaml.safe_dump(recipes.mpijob(spec, args.image, args.timeout, args.gpus), sort_keys=False))
         return 0
     if args.dry_run:
-        for argv, env in launch.commands(spec):
-            print(launch.format_command(argv, env, os.environ))
+        for argv, command_env in launch.commands(spec):
+            print(launch.format_command(argv, command_env, os.environ))
         return 0
     return launch.run(spec, timeout=args.timeout)    # a failed rank's own line says why, its code is the job's
 

@@ -41,9 +41,9 @@ def register(sub) -> None:
 
 def cluster_from(args):
     """The cluster from the flags (or a calibration file): every flag checked before anything runs."""
+    from toolkit.errors import ToolkitError
     from toolkit.exchange import wire
     from toolkit.planner import scaling, units
-    from toolkit.errors import ToolkitError
 
     gpus = units.parse_counts(args.gpus, "--gpus")
     if args.gpus_per_node < 1:

@@ -14,16 +14,55 @@ Bad input raises `ToolkitError` with one line naming the key, where it came from
     sources.py  YAML, TOOLKIT_* environment, flags, and their merge (`resolve`, `load`)
     docs.py     docs/CONFIG.md, generated from the fields (`toolkit config docs`)
 """
-from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrSchedule, LrScaling, Model, Op, Optimizer, Precision, Sharding, Sync, TfStrategy)
-from .groups import (ELASTIC_KEYS, GROUP_CLASSES, GROUPS, ORDER, CheckpointConfig, CommunicationConfig,
-                     ElasticConfig, HorovodConfig, LaunchConfig, ParameterServerConfig, PrecisionConfig,
-                     WorkloadConfig, _example, _f, _plain, flag, unset_default)
-from .rules import _bad, _rank_values, is_reference, on_disk
+from .enums import (
+    IMAGE_MODELS,
+    ON_DISK,
+    PS_SYNCS,
+    TOOLKIT_COMPRESSIONS,
+    Backend,
+    Compression,
+    Dataset,
+    Keras,
+    LrScaling,
+    LrSchedule,
+    Model,
+    Op,
+    Optimizer,
+    Precision,
+    Sharding,
+    Sync,
+    TfStrategy,
+)
+from .groups import (
+    ELASTIC_KEYS,
+    GROUP_CLASSES,
+    GROUPS,
+    ORDER,
+    CheckpointConfig,
+    CommunicationConfig,
+    ElasticConfig,
+    HorovodConfig,
+    LaunchConfig,
+    ParameterServerConfig,
+    PrecisionConfig,
+    WorkloadConfig,
+    flag,
+    unset_default,
+)
+from .rules import is_reference, on_disk
 from .schema import Config
-from .sources import (ENV_PREFIX, ENV_RESERVED, USAGE, _field, add_arguments, command_keys, load, read_env, read_yaml,
-                      resolve)
-from .values import _FALSE, _TRUE, ConfigError, _base_type, _coerce, flatten_groups
+from .sources import (
+    ENV_PREFIX,
+    ENV_RESERVED,
+    USAGE,
+    add_arguments,
+    command_keys,
+    load,
+    read_env,
+    read_yaml,
+    resolve,
+)
+from .values import ConfigError, flatten_groups
 
 # The TensorFlow strategy enum's earlier name (adapters/strategy.py's Strategy is another thing).
 Strategy = TfStrategy

@@ -40,7 +40,7 @@ def render() -> str:
     for group in GROUP_CLASSES:
         yaml_group = f" (YAML: an `{group.group}:` block of the keys without the `{group.group}_` prefix)" \
             if group.group in GROUPS else ""
-        lines += [f"## {group.group}", "", group.__doc__.strip() + yaml_group, "",
+        lines += [f"## {group.group}", "", group.__doc__.strip() + yaml_group, "",  # type: ignore[union-attr]  # each has one
                   "| key | flag | environment | default | meaning |", "|---|---|---|---|---|"]
         for f in dataclasses.fields(group):
             meaning = (f.metadata["help"] + "." + _choices(f)).replace("|", "\\|")

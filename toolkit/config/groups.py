@@ -14,8 +14,21 @@ from typing import Optional
 
 from toolkit import registry
 
-from .enums import (Backend, Sharding, Compression, Dataset, Keras, LrSchedule, LrScaling, Model, Op, Optimizer, Precision,
-                    Sync, TfStrategy)
+from .enums import (
+    Backend,
+    Compression,
+    Dataset,
+    Keras,
+    LrScaling,
+    LrSchedule,
+    Model,
+    Op,
+    Optimizer,
+    Precision,
+    Sharding,
+    Sync,
+    TfStrategy,
+)
 
 
 def _show(value) -> str:

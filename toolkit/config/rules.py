@@ -8,8 +8,24 @@ from typing import Optional
 
 from toolkit import registry
 
-from .enums import (IMAGE_MODELS, ON_DISK, PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Dataset, Keras,
-                    LrSchedule, Model, Op, Optimizer, Precision, Sharding, Sync, TfStrategy)
+from .enums import (
+    IMAGE_MODELS,
+    ON_DISK,
+    PS_SYNCS,
+    TOOLKIT_COMPRESSIONS,
+    Backend,
+    Compression,
+    Dataset,
+    Keras,
+    LrSchedule,
+    Model,
+    Op,
+    Optimizer,
+    Precision,
+    Sharding,
+    Sync,
+    TfStrategy,
+)
 from .groups import ELASTIC_KEYS, _example, flag
 from .values import ConfigError
 

@@ -17,10 +17,23 @@ from typing import Any, Mapping, Optional, dataclass_transform
 from toolkit.errors import ToolkitError
 
 from . import derived, rules
-from .values import ConfigError, _coerce, flatten_groups, origins_named
-from .enums import (PS_SYNCS, TOOLKIT_COMPRESSIONS, Backend, Compression, Keras, LrSchedule, LrScaling, Op, Optimizer,
-                    Precision, Sharding, Sync, TfStrategy)
+from .enums import (
+    PS_SYNCS,
+    TOOLKIT_COMPRESSIONS,
+    Backend,
+    Compression,
+    Keras,
+    LrScaling,
+    LrSchedule,
+    Op,
+    Optimizer,
+    Precision,
+    Sharding,
+    Sync,
+    TfStrategy,
+)
 from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, _plain
+from .values import ConfigError, _coerce, flatten_groups, origins_named
 
 
 class _Complete(type):
@@ -166,6 +179,7 @@ class Config(metaclass=_Complete):
         unset key whose value depends on others (`staleness`, `topk_ratio`, ...) commented with it.
         `--config` reads it back to the same Config."""
         import yaml
+        grouped: dict
         values, grouped = self.to_dict(), {}
         for name, value in values.items():
             group = next((g for g in GROUPS if name.startswith(f"{g}_") and name[len(g) + 1:] in GROUPS[g]), None)

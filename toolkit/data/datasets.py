@@ -11,21 +11,25 @@ toolkit/data/sampler.py. numpy is imported lazily.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from toolkit import registry
 from toolkit.config import IMAGE_MODELS, Config, Dataset, Model, is_reference, on_disk, unset_default
 from toolkit.data import ondisk
 from toolkit.data.streams import FORMATS, ShardSource, fail, read_index
 
+if TYPE_CHECKING:                       # for annotations only: numpy is imported lazily
+    import numpy
+
 SYNTHETIC_IMAGES = (256, 64)    # train, eval samples of synthetic images (and of token windows)
 
 
 @dataclass(frozen=True)
 class Data:
-    x_train: "object"   # float32 [n, features]
-    y_train: "object"   # int64 [n]
-    x_test: "object"
-    y_test: "object"
+    x_train: numpy.ndarray      # float32 [n, features]
+    y_train: numpy.ndarray      # int64 [n]
+    x_test: numpy.ndarray
+    y_test: numpy.ndarray
     num_classes: int
 
     @property
@@ -37,8 +41,8 @@ class Data:
 class Datasets:
     """What the built-in trainer trains on: `train` and `eval` as numpy (x, y) arrays or the
     framework's datasets, and what a built-in model needs to know of them (None when unknown)."""
-    train: "object"
-    eval: "object"
+    train: Any
+    eval: Any
     num_features: int | None
     num_classes: int | None
     input_shape: tuple | None = None    # one sample's shape: (features,), (3, H, W) / (H, W, 3), (context,)

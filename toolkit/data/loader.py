@@ -80,14 +80,14 @@ class ForeignSampler(Sampler):
 
     def __init__(self, batch_size: int, accumulation_steps: int, world: int, replicas: range, train: bool):
         self.batch_size, self.k, self.train = batch_size, accumulation_steps, train
-        self.epoch, self.steps_done, self.n = 0, 0, None
+        self.epoch, self.steps_done, self.n = 0, 0, None    # type: ignore[assignment]  # no length: a stream
         self.resize(world, replicas)
 
     @property
-    def position(self) -> int:
+    def position(self) -> int:      # type: ignore[override]  # derived from the steps taken, never set
         return self.steps_done * self.step_samples
 
-    steps_per_epoch = None          # unknown: a stream
+    steps_per_epoch = None          # type: ignore[assignment]  # unknown: a stream
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:

@@ -70,7 +70,7 @@ def image_folder(spec: str, path: str, session=None) -> ImageFolder:
     collective before hvd.elastic.run, so each rank lists it."""
     if session is None or session.size == 1 or session.config.elastic:
         return _list(spec, path)
-    listed = None
+    listed: ImageFolder | str | None = None
     if session.is_main:
         try:
             listed = _list(spec, path)

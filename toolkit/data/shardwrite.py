@@ -89,7 +89,7 @@ def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, c
     order = np.random.RandomState(0).permutation(len(train))
     splits = {}
     for name, samples in (("train", [train[i] for i in order]), ("eval", evaluation)):
-        files = []
+        files: list = []
         for start in range(0, len(samples), shard_size):
             file = f"{name}-{len(files):06d}{streams.SUFFIX[fmt]}"
             writer = writer_cls(tmp / file)

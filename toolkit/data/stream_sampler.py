@@ -87,6 +87,7 @@ class StreamSampler:
     """Which samples of a shard split this process reads, step by step, and its position (the module's
     docstring says how). The same interface as toolkit.data.sampler.Sampler: the trainer and the
     session's checkpoints use both alike."""
+    segments: list          # [world, samples each rank consumed], the last current
 
     def __init__(self, sizes, batch_size: int, accumulation_steps: int = 1, world: int = 1,
                  replicas: range | None = None, seed: int = 0, train: bool = True, shuffle: bool = True,
@@ -221,7 +222,7 @@ class StreamSampler:
         for j in order:
             starts.append(total)
             total += self.sizes[j]
-        pieces = []
+        pieces: list = []
         for a, b in _take(span, first * self.window)[1]:
             while a < b:
                 i = bisect.bisect_right(starts, a) - 1

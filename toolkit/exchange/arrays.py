@@ -14,6 +14,10 @@ it is made.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                       # for annotations only: `import toolkit` imports no numpy
+    import numpy
 
 
 class Numpy:

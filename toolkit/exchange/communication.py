@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.exchange import arrays, numerics, wire
-from toolkit.exchange.exchanges import PowerSGDExchange, make_exchange
 from toolkit.config import Compression, Config, Sync
+from toolkit.exchange import arrays, numerics, wire
+from toolkit.exchange.exchanges import GradientExchange, PowerSGDExchange, make_exchange
 
 STATE_FILE = "communication.npz"
 
@@ -54,7 +54,9 @@ class Communication:
         self.clip_grad_norm, self.nan_guard = config.clip_grad_norm, config.nan_guard
         self.ops = arrays.of(session)
         self.dgc = config.dgc
-        self.exchange = make_exchange(config, self.ops) if self.toolkit else None
+        # None where the strategy's own reduce moves the gradients (self.toolkit False): never called then
+        self.exchange: GradientExchange = (make_exchange(config, self.ops)  # type: ignore[assignment]
+                                           if self.toolkit else None)
         self.step_calls = step_calls
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
@@ -90,7 +92,7 @@ class Communication:
                 self.average_models()
             return norm
         if self.dgc:
-            self.exchange.epoch = self._epoch(step)
+            self.exchange.epoch = self._epoch(step)     # type: ignore[attr-defined]  # a DGCExchange (make_exchange)
         if isinstance(self.exchange, PowerSGDExchange):
             self.exchange.step = step
         grads = self.exchange.exchange(grads, self.session, self.world)
@@ -138,7 +140,8 @@ class Communication:
     def method(self) -> str:
         if isinstance(self.exchange, PowerSGDExchange):
             return f"powersgd rank {self.exchange.rank}"
-        form = {"reduce": " (compressed allreduce)", "allgather": " (allgather)"}.get(self.exchange.form, "")
+        forms: dict[str | None, str] = {"reduce": " (compressed allreduce)", "allgather": " (allgather)"}
+        form = forms.get(self.exchange.form, "")
         return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}{form}"
 
     def summary(self) -> dict:

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolkit.config import Compression, Op
-from toolkit.exchange.compression import ALIGN, INT8_BLOCK, Compressor, Timer, density, make
+from toolkit.exchange.arrays import Numpy
+from toolkit.exchange.compression import ALIGN, INT8_BLOCK, Compressor, Timer, TopK, density, make
 
 
 @dataclass
@@ -50,12 +52,12 @@ class GradientExchange:
     compressor: Compressor
     error_feedback: bool
     average: bool = True                       # False: op sum (the sum of the ranks' mean gradients)
-    ops: object = None
-    residual: object = None                    # flat float32, this rank's, when error_feedback
+    ops: Numpy = None                          # type: ignore[assignment]  # None: the compressor's (__post_init__)
+    residual: Any = None                       # flat float32, this rank's, when error_feedback
     calls: list = field(default_factory=list)  # the last step's collectives: (kind, bytes this rank handed over)
     form: str | None = None                    # bf16/int8: "allgather" or "reduce" (the model's choice at N)
     chosen_for: int | None = None              # the N `form` was chosen for; 0: set by hand (tests, the planner)
-    owner_residual: object = None              # the compressed allreduce: what the second quantisation
+    owner_residual: Any = None                 # the compressed allreduce: what the second quantisation
     timer: Timer = field(init=False)           # dropped from this rank's own chunk (flat, zero elsewhere)
 
     def __post_init__(self):
@@ -152,7 +154,7 @@ class GradientExchange:
     def _part_bytes(self, size: int) -> int:
         """Bytes of one packed chunk of `size` values (each part padded to ALIGN)."""
         widths = {"int8": (1, 4), "bf16": (2,)}[self.compressor.name]
-        lengths = self.compressor.lengths(size)
+        lengths: list[int] = self.compressor.lengths(size)      # type: ignore[assignment]  # bf16, int8: never None
         return sum(c * w + (-c * w) % ALIGN for c, w in zip(lengths, widths))
 
     def _reduce(self, payload, n: int, comm, world_size: int):
@@ -258,9 +260,9 @@ class DGCExchange(GradientExchange):
     warmup_epochs: int = 4
     masking: bool = True                       # momentum factor masking (the paper's; measured in docs)
     epoch: int = 0                             # set by toolkit/exchange/communication.py before each step
-    momentum_buffer: object = None
-    segments: list = None                      # (start, size) of each gradient matrix, top-k'd on its own
-    whole: object = None                       # positions of the vectors' values, always sent
+    momentum_buffer: Any = None
+    segments: list | None = None               # (start, size) of each gradient matrix, top-k'd on its own
+    whole: Any = None                          # positions of the vectors' values, always sent
 
     def exchange(self, grads, comm, world_size: int) -> list:
         if self.segments is None:
@@ -292,7 +294,8 @@ class DGCExchange(GradientExchange):
         return selected, ops.sort(ops.cat([self.whole, selected])) if len(self.whole) else selected
 
     def exchange_flat(self, flat, comm, world_size: int):
-        ops, topk = self.ops, self.compressor
+        ops = self.ops
+        topk: TopK = self.compressor                    # type: ignore[assignment]  # DGC's is top-k (make_exchange)
         self.timer.start()
         if self.clip_norm is not None:
             norm = math.sqrt(ops.dot(flat))
@@ -338,9 +341,10 @@ class PowerSGDExchange(GradientExchange):
     rank: int = 1
     warmup_steps: int = 0                      # steps allreduced whole first (torch's start_powerSGD_iter)
     step: int = 0                              # the global step, set by toolkit/exchange/communication.py
-    shapes: list = None                        # the gradients' shapes, set at the first step
-    q: object = None                           # every compressed matrix's Q, one flat buffer
-    plan: list = None                          # (start, rows, cols, compressed, q_start) per gradient
+    shapes: list | None = None                 # the gradients' shapes, set at the first step
+    q: Any = None                              # every compressed matrix's Q, one flat buffer
+    # (start, rows, cols, compressed, q_start) per gradient, made at the first step
+    plan: list = None                          # type: ignore[assignment]
 
     def _make_plan(self, grads) -> None:
         r, q_size, self.plan = self.rank, 0, []

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from toolkit import registry
-from toolkit.install import horovod as horovod_build, pins, support
+from toolkit.install import horovod as horovod_build
+from toolkit.install import pins, support
 
 _PROBE = r"""
 import json, sys
@@ -216,7 +217,7 @@ def report(framework: str) -> int:
     _check_toolchain()
     _check_engines(chosen is not None)
 
-    usable = {}
+    usable: dict[str, bool | str] = {}
     for fw in wanted:
         _, module, ext = pins.HOROVOD_FRAMEWORKS[fw]
         proc = subprocess.run([sys.executable, "-c", _PROBE, module, ext], capture_output=True, text=True,

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolkit.install import pins
 from toolkit.errors import ToolkitError
+from toolkit.install import pins
 
 ROOT = Path(__file__).resolve().parents[2]       # the checkout: toolkit/install/envsetup.py
 SHIM = Path(__file__).resolve().parents[1] / "shims" / "toolkit_numpy_compat.py"

@@ -26,10 +26,11 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from toolkit.install import pins, support, toolchain as toolchain_mod, wheelhouse
+from toolkit.errors import ToolkitError
+from toolkit.install import pins, support, wheelhouse
+from toolkit.install import toolchain as toolchain_mod
 from toolkit.install.buildspec import ALL_FRAMEWORKS, BuildSpec
 from toolkit.install.workarounds import WORKAROUNDS, Build, pip
-from toolkit.errors import ToolkitError
 
 _HOROVOD_FLAG = {"torch": "PYTORCH", "tensorflow": "TENSORFLOW", "mxnet": "MXNET"}
 MARKER = ".toolkit_build_key"
@@ -67,7 +68,8 @@ def cache_key(spec: BuildSpec, versions: dict[str, str]) -> str:
 def patches_key(spec: BuildSpec) -> str:
     """The cache key's part for the rows that change the built code: their names and a hash of their
     edits ("" when none applies)."""
-    rows = [w for w in WORKAROUNDS if w.in_key and w.applies(Build(spec, None, Path(), {}))]
+    # no toolchain: a row in the key decides from the spec alone
+    rows = [w for w in WORKAROUNDS if w.in_key and w.applies(Build(spec, None, Path(), {}))]  # type: ignore[arg-type]
     if not rows:
         return ""
     digest = hashlib.sha256(repr([(w.name, w.edits) for w in rows]).encode()).hexdigest()[:8]
@@ -155,7 +157,7 @@ def _install(wheel: Path, key: str, data: dict | None = None) -> None:
     pip("install", "--no-deps", "--force-reinstall", "--no-compile", str(wheel))
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
-    package = Path(list(spec.submodule_search_locations)[0])
+    package = Path(list(spec.submodule_search_locations)[0])   # type: ignore[union-attr,arg-type]  # just installed
     (package / MARKER).write_text(key + "\n")
     if data is not None:
         (package / BUILD_INFO).write_text(json.dumps(data, indent=1) + "\n")
@@ -204,6 +206,7 @@ def ensure_requirements(spec: BuildSpec, say=print) -> None:
         importlib.invalidate_caches()
     if "mxnet" in spec.frameworks:
         import sysconfig
+
         from toolkit.install import envsetup
 
         site = Path(sysconfig.get_paths()["purelib"])
@@ -266,7 +269,7 @@ def _unpack(sdist: str | None, work: Path) -> Path:
     if not Path(sdist).is_file():
         raise ToolkitError(f"--sdist {sdist}: no such file; give horovod-{pins.HOROVOD}.tar.gz")
     with tarfile.open(sdist) as tar:     # the "data" filter where this Python has it (3.11.4+)
-        tar.extractall(work / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        tar.extractall(work / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # type: ignore[arg-type]  # filter=
     tops = [p for p in (work / "src").iterdir() if p.is_dir()]
     if len(tops) != 1 or not (tops[0] / "setup.py").is_file():
         raise ToolkitError(f"--sdist {sdist}: not a Horovod sdist (one folder holding setup.py)")

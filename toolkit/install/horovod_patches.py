@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.install import pins
 from toolkit.errors import ToolkitError
+from toolkit.install import pins
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def apply_edits(root: Path, row: str, edits: tuple[Edit, ...]) -> None:
                                f"{e.count} expected matches of {e.old.splitlines()[0].strip()!r}; Horovod "
                                f"{pins.HOROVOD}'s has them); drop the row or update it")
         texts[e.path] = re.sub(e.old, e.new, text) if e.regex else text.replace(e.old, e.new)
-    for path, text in texts.items():
-        (root / path).write_text(text)
+    for name, text in texts.items():
+        (root / name).write_text(text)
 
 
 # -- gcc14-flatbuffers, mxnet-enqueue-name ---------------------------------------------------------------

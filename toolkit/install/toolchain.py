@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -73,7 +74,7 @@ def _output(argv: list[str]) -> str:
     return proc.stdout + proc.stderr if proc.returncode == 0 else ""
 
 
-def compiler(env: dict | None = None) -> tuple[str, str, tuple[int, ...]]:
+def compiler(env: Mapping[str, str] | None = None) -> tuple[str, str, tuple[int, ...]]:
     """(command, "gcc" | "clang" | "unknown", version) of the C++ compiler CMake will pick: $CXX, else c++."""
     env = os.environ if env is None else env
     cxx = (env.get("CXX") or "c++").split()[0]
@@ -99,7 +100,7 @@ def _has_nccl_library(folder: Path) -> bool:
     return folder.is_dir() and (any(folder.glob("libnccl.so*")) or (folder / "libnccl_static.a").is_file())
 
 
-def system_nccl(env: dict | None = None) -> Nccl | None:
+def system_nccl(env: Mapping[str, str] | None = None) -> Nccl | None:
     """nccl.h and libnccl.so* where Horovod's FindNCCL looks (HOROVOD_NCCL_* first, then the usual places)."""
     env = os.environ if env is None else env
     home = env.get("HOROVOD_NCCL_HOME")
@@ -122,7 +123,7 @@ def _wheel_files(prefix: str, wanted: tuple[str, ...]) -> dict[str, Path]:
         for f in dist.files or ():
             for end in wanted:
                 if str(f).endswith(end) and end not in found:
-                    found[end] = Path(dist.locate_file(f))
+                    found[end] = Path(dist.locate_file(f))    # type: ignore[arg-type]  # a Path at run time
                     found["dist:" + end] = Path(name)
     return found
 
@@ -146,7 +147,7 @@ def pick_nccl(system: Nccl | None, wheel: Nccl | None) -> tuple[Nccl | None, Ncc
     return system or wheel, None
 
 
-def nvcc(env: dict | None = None) -> tuple[str | None, str | None]:
+def nvcc(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """(nvcc, its CUDA root): HOROVOD_CUDA_HOME, CUDA_HOME, PATH, /usr/local/cuda, then a pip wheel's
     (`nvidia-cuda-nvcc-cu*`, or CUDA 13's `nvidia-cuda-nvcc` in nvidia/cu13)."""
     env = os.environ if env is None else env

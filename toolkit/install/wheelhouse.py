@@ -22,9 +22,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from toolkit.errors import ToolkitError
 from toolkit.install import pins
 from toolkit.run.checkpoint import sha256
-from toolkit.errors import ToolkitError
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from toolkit.install import pins, toolchain as toolchain_mod
-from toolkit.install import horovod_patches as patches
 from toolkit.errors import ToolkitError
+from toolkit.install import horovod_patches as patches
+from toolkit.install import pins
+from toolkit.install import toolchain as toolchain_mod
 
 if TYPE_CHECKING:
     from toolkit.install.buildspec import BuildSpec
@@ -133,7 +134,7 @@ def _cffi(b: Build) -> None:
 
 def _nccl_from_pip(b: Build) -> None:
     """The wheel ships libnccl.so.2 only; the linker looks for libnccl.so: a link in the scratch folder."""
-    nccl = b.toolchain.nccl
+    nccl: toolchain_mod.Nccl = b.toolchain.nccl     # type: ignore[assignment]  # the row applies with one
     links = b.workdir / "nccl_lib"
     links.mkdir(exist_ok=True)
     (links / "libnccl.so").symlink_to(Path(nccl.lib) / "libnccl.so.2")
@@ -141,7 +142,7 @@ def _nccl_from_pip(b: Build) -> None:
 
 
 def _cuda_home(b: Build) -> None:
-    home = b.toolchain.cuda_home
+    home: str = b.toolchain.cuda_home               # type: ignore[assignment]  # the row applies with one
     b.env["HOROVOD_CUDA_HOME"] = home
     b.env.setdefault("CUDA_HOME", home)         # torch.utils.cpp_extension looks here, then for nvcc on PATH
     b.env["PATH"] = os.pathsep.join(filter(None, (f"{home}/bin", b.env.get("PATH"))))

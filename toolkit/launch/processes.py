@@ -29,8 +29,8 @@ def run_workers(workers, timeout: Optional[float], tagged: bool = False) -> int:
     procs = [subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, errors="replace", bufsize=1) for argv, env in workers]
     forward_sigterm(*procs)
-    pumps = [relay.pump(pipe, stream, None if tagged else rank) for rank, p in enumerate(procs)
-             for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
+    pumps = [relay.pump(pipe, stream, None if tagged else rank)  # type: ignore[arg-type]  # PIPE: set
+             for rank, p in enumerate(procs) for pipe, stream in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
     deadline = None if timeout is None else time.monotonic() + timeout
     failed = None
     try:
@@ -40,7 +40,7 @@ def run_workers(workers, timeout: Optional[float], tagged: bool = False) -> int:
             if failed or all(c == 0 for c in codes):
                 break
             if deadline is not None and time.monotonic() > deadline:
-                raise timed_out(timeout)
+                raise timed_out(timeout)                # type: ignore[arg-type]  # set: there is a deadline
             time.sleep(0.2)
     except KeyboardInterrupt:
         return 130
@@ -63,13 +63,13 @@ def run_relayed(argv, env, timeout: Optional[float]) -> int:
     relay = Relay()
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
-    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]
+    pumps = [relay.pump(proc.stdout, sys.stdout), relay.pump(proc.stderr, sys.stderr)]  # type: ignore[arg-type]  # PIPE
     forward_sigterm(proc)
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise timed_out(timeout) from None
+        raise timed_out(timeout) from None              # type: ignore[arg-type]  # set: it expired
     except KeyboardInterrupt:
         kill_group(proc)
         return 130
@@ -105,7 +105,7 @@ def forward_sigterm(*procs: subprocess.Popen) -> None:
     local ranks themselves, not to the launcher, which would kill them 5 s later (horovodrun): they
     finish their step, rank 0 checkpoints, they exit 75 and so does the job (toolkit/run/preemption.py).
     One rank receiving it is enough: they agree at the next step. A second SIGTERM stops the job."""
-    previous = []
+    previous: list = []
 
     def handler(signum, frame):
         if previous:

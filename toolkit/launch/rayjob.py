@@ -40,7 +40,7 @@ def connect(address: Optional[str], np: int = 1, cpus_per_worker: float = 1) -> 
 
     if ray.is_initialized():
         return
-    quiet = dict(logging_level=logging.ERROR, log_to_driver=True)
+    quiet: dict = dict(logging_level=logging.ERROR, log_to_driver=True)
     # Ray Train's progress notes (its State API wants the dashboard, which a job's local Ray goes without)
     logging.getLogger("ray.train").setLevel(logging.ERROR)
     if address is None:
@@ -191,7 +191,7 @@ def _native_in_worker(config: dict) -> None:
     import torch.distributed as dist
 
     ctx = ray.train.get_context()
-    where = [(ray.util.get_node_ip_address(), free_port(""))] if ctx.get_world_rank() == 0 else [None]
+    where: list = [(ray.util.get_node_ip_address(), free_port(""))] if ctx.get_world_rank() == 0 else [None]
     dist.broadcast_object_list(where, src=0)     # Ray Train's own group, then closed: the command makes its own
     dist.destroy_process_group()
     addr, port = where[0]

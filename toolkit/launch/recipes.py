@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Optional
+from typing import Any, Optional
 
 from toolkit.errors import ToolkitError
 from toolkit.launch.hosts import parse_hosts
@@ -151,7 +151,7 @@ def mpijob(spec: LaunchSpec, image: Optional[str], timeout: Optional[float] = No
         mpirun += ["-x", item["name"]]
     if spec.network_interface:
         mpirun += ["-mca", "btl_tcp_if_include", spec.network_interface]
-    worker = {"name": "worker", "image": image, "env": [dict(e) for e in env]}   # copies: no YAML anchors
+    worker: dict[str, Any] = {"name": "worker", "image": image, "env": [dict(e) for e in env]}   # copies: no YAML anchors
     if gpus:
         worker["resources"] = {"limits": {"nvidia.com/gpu": per_node}}
     # Preemption (toolkit/run/preemption.py): a worker pod's SIGTERM reaches only its PID 1 (sshd), so a

@@ -152,7 +152,7 @@ class SparkApplication:
 
         if not at_once:
             with contextlib.suppress(Exception):
-                SparkContext._gateway.shutdown()
+                SparkContext._gateway.shutdown()     # type: ignore[union-attr]  # made_jvm: there is one
         SparkContext._gateway = SparkContext._jvm = None
         if self.proc is not None:
             with contextlib.suppress(Exception):

@@ -97,7 +97,7 @@ def _horovod_failed(exc: BaseException, caught: list, master: str, np: int, star
                             f"{master}): the cluster has too few free cores for them; lower {flags[0].format('').strip()}, "
                             f"add workers, or raise {flags[1].format('').strip()}", code=1)
     if said.startswith("Spark job has failed"):
-        why = last_line(spark_error(caught)) if caught else "see the Spark application's log"
+        why = last_line(spark_error(caught)) if caught else "see the Spark application's log"  # type: ignore[arg-type]  # caught
         if "No module named" in why:
             from pyspark import SparkContext
             python = getattr(SparkContext._active_spark_context, "pythonExec", None) or sys.executable

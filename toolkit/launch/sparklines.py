@@ -7,6 +7,7 @@ import contextlib
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Optional
 
 from toolkit.launch import engines
@@ -67,12 +68,12 @@ class Lines:
 
 
 @contextlib.contextmanager
-def quiet_threads():
+def quiet_threads() -> Iterator[list[BaseException]]:
     """A thread that dies with an exception (Horovod's Spark thread, when the Spark job failed) prints its
     traceback: keep the exceptions for the one line instead."""
     caught: list[BaseException] = []
     previous = threading.excepthook
-    threading.excepthook = lambda args: caught.append(args.exc_value)
+    threading.excepthook = lambda args: caught.append(args.exc_value)     # type: ignore[arg-type]  # a dead thread's: set
     try:
         yield caught
     finally:

@@ -110,7 +110,7 @@ class LaunchSpec:
     @classmethod
     def from_json(cls, text: str) -> LaunchSpec:
         fields = json.loads(text)
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})  # type: ignore[arg-type]  # to_json's
 
 
 def choose_launcher(launcher: Optional[str], backend: Optional[str], framework: Optional[str],
@@ -118,12 +118,12 @@ def choose_launcher(launcher: Optional[str], backend: Optional[str], framework: 
     """--launcher, or the one --backend native needs for the framework the ranks run (None: unknown)."""
     if backend != "native":
         return launcher or "horovodrun"
-    chosen = LAUNCHERS.get(launcher)
+    chosen = LAUNCHERS.get(launcher)        # type: ignore[arg-type]  # None: no launcher named
     if chosen is not None and chosen.engine:
         if framework not in (None, "torch"):
-            raise ToolkitError(f"--backend native on {launcher} is torch's ({chosen.native}); "
+            raise ToolkitError(f"--backend native on {launcher} is torch's ({chosen.native}); "  # type: ignore[attr-defined]  # an engine's
                                f"{framework} runs there with --backend horovod")
-        return launcher
+        return launcher                     # type: ignore[return-value]  # named: it was found
     if chosen is not None and "native" not in chosen.backends:
         raise ToolkitError(f"--backend native starts the framework's own workers (torch: torchrun, tensorflow: "
                            f"TF_CONFIG workers), without Horovod; drop --launcher {launcher}")
@@ -139,4 +139,4 @@ def choose_launcher(launcher: Optional[str], backend: Optional[str], framework: 
     if launcher and wanted and launcher != wanted:
         raise ToolkitError(f"--launcher {launcher} does not start {framework}'s native workers; drop it "
                            f"(--backend native with {framework} uses {wanted})")
-    return launcher or wanted
+    return launcher or wanted               # type: ignore[return-value]  # the framework's backends include native

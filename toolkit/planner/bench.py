@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.launch import launcher as launch
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
+from toolkit.launch import launcher as launch
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ def measure(config: Config, options: Options) -> dict | None:
     """Time the toolkit's step on this rank; rank 0 returns every worker's rates, the others None."""
     import numpy as np
 
-    from toolkit.run import pipeline as run
     from toolkit.data.datasets import random_batch
+    from toolkit.run import pipeline as run
 
     session = run.start(config)
     rng = np.random.RandomState(config.seed)

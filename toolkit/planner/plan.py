@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import registry
-from toolkit.planner import scaling, units
 from toolkit.config import Config, unset_default
 from toolkit.errors import ToolkitError
+from toolkit.planner import scaling, units
 
 # Horovod's path (its compressions, then its other ways to reduce), then PyTorch DDP's (the torch
 # backend native: plain, and with its fp16 communication hook; the bf16 hook sends the same bytes),
@@ -84,6 +84,7 @@ class Recorder:
     `timer`: the exchange's; its reading at the first collective is kept (`before_first`)."""
 
     rank = 0
+    calls: list             # (kind, bytes) of each collective
 
     def __init__(self, ops, world: int, timer=None):
         self.ops, self.world, self.calls, self.timer, self.before_first = ops, world, [], timer, None

@@ -47,11 +47,21 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from toolkit.exchange import wire
-from toolkit.exchange.wire import (HOROVOD_CYCLE_S, Link, exchange_form, exchange_work, pairwise_alltoall,
-                                   ring_allgather, ring_allreduce, tree_broadcast)
+from toolkit.exchange.wire import (
+    HOROVOD_CYCLE_S,
+    Link,
+    exchange_form,
+    exchange_work,
+    pairwise_alltoall,
+    ring_allgather,
+    ring_allreduce,
+    tree_broadcast,
+)
 
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's default (horovod/common/operations.cc)
 # torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
@@ -125,7 +135,7 @@ def ready_times(tensor_bytes: list[float], backward_s: float, ready_fractions=No
 
 
 def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, fusion_bytes: float,
-                     cycle_s: float, ready_fractions: list[float] | None = None) -> float:
+                     cycle_s: float, ready_fractions: Sequence[float] | None = None) -> float:
     """When the last gradient has been reduced, in seconds from the backward pass's start.
 
     `tensor_bytes`: each gradient's bytes on the wire, ready as `ready_times` says. Horovod's loop starts a
@@ -409,7 +419,7 @@ ENGINES = {"native": "native (torch DDP)", "horovod": "horovod"}      # the back
 
 
 def with_fusion(method: Method, fusion_bytes: float | None, cycle_s: float | None) -> Method:
-    changes = {}
+    changes: dict[str, Any] = {}
     if fusion_bytes is not None:
         changes["fusion_bytes"] = fusion_bytes
     if cycle_s is not None:

@@ -59,7 +59,7 @@ def _cannot_write(root: Path, cause: OSError) -> ToolkitError:
                         f"give a writable folder (--checkpoint-dir), then continue with --resume")
 
 
-def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], None],
+def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], object],
          keep: int) -> Path:
     """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there. A folder that
     cannot take it (a full disk, no permission, a read-only or missing mount) is a one-line

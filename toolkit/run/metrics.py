@@ -12,10 +12,11 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from toolkit.install import pins, support
 from toolkit.config import Config
 from toolkit.errors import ToolkitError
+from toolkit.install import pins, support
 
 
 def check(config: Config) -> None:
@@ -45,6 +46,7 @@ def _summary_writer():
 
 class MetricsLog:
     def __init__(self, config: Config):
+        self.writer: Any
         self.folder, self.writer, self.wandb = None, None, None
         if config.log_dir:
             try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit import api
-from toolkit.run import checkpoint, quiet
 from toolkit.errors import ToolkitError
+from toolkit.run import checkpoint, quiet
 
 
 def start(config, comm=None):

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.exchange import numerics
-from toolkit.data import datasets, sampler
-from toolkit.run import checkpoint, schedule
-from toolkit.exchange.arrays import flatten, unflatten
 from toolkit.config import Config, Dataset, Optimizer, Sync
+from toolkit.data import datasets, sampler
 from toolkit.errors import ToolkitError
+from toolkit.exchange import numerics
+from toolkit.exchange.arrays import flatten, unflatten
 from toolkit.messages import print_error, say
+from toolkit.run import checkpoint, schedule
 
 # message tags (a header of int64 values is followed, for PUSH and replies, by a float32 payload)
 HEADER, DATA, STATS = 1, 2, 3
@@ -89,18 +89,19 @@ class Server:
         self.updates_per_epoch = self.steps_per_epoch * len(self.workers)
         self.updates_per_sample_epoch = n_train // (b * k)      # lr warm-up counts samples, as sync does
         self.bound = bound(config)
-        self.params = None
-        self.optimizer = None
+        self.params: np.ndarray = None              # type: ignore[assignment]  # set by serve() before use
+        self.optimizer: ServerOptimizer = None      # type: ignore[assignment]  # set by serve() before use
         self.version = 0                # updates applied to this shard
-        self.staleness = collections.Counter()
-        self.clock_gaps = collections.Counter()
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.clock_gaps: collections.Counter[int] = collections.Counter()
         self.folder = Path(config.checkpoint_dir) / f"server-{index}" if config.checkpoint_dir else None
 
     # -- state: from worker 0's initial weights, or from this server's checkpoint --------------------
     def _load(self, servers) -> None:
         """This shard from the newest step every server has a checkpoint of (`servers`: their
         communicator), so the shards put back together are one model."""
-        found = {int(p.name[len(checkpoint.PREFIX):]): p for p in checkpoint.all_checkpoints(self.folder)}
+        found = {int(p.name[len(checkpoint.PREFIX):]): p
+                 for p in checkpoint.all_checkpoints(self.folder)}  # type: ignore[arg-type]  # resume: a checkpoint_dir
         common = set.intersection(*servers.allgather(set(found)))
         if not common:
             raise ToolkitError(f"--resume: no step has a checkpoint from every server in {self.config.checkpoint_dir}"
@@ -118,8 +119,8 @@ class Server:
     def _save(self) -> None:
         def write(folder: Path) -> None:
             np.savez(folder / SHARD_FILE, params=self.params, **self.optimizer.slots)
-        checkpoint.save(self.folder, self.version, {"epoch": self.version // self.updates_per_epoch,
-                                                    "optimizer_t": self.optimizer.t}, write,
+        checkpoint.save(self.folder, self.version,  # type: ignore[arg-type]  # called only with a folder
+                        {"epoch": self.version // self.updates_per_epoch, "optimizer_t": self.optimizer.t}, write,
                         keep=self.config.keep_checkpoints)
 
     def _recv_header(self):
@@ -235,7 +236,7 @@ class Client:
 
     def stats(self) -> dict:
         """Every server's statistics, merged (worker 0 only)."""
-        merged = {"updates": 0, "staleness": collections.Counter(), "clock_gap": collections.Counter()}
+        merged: dict = {"updates": 0, "staleness": collections.Counter(), "clock_gap": collections.Counter()}
         for s in range(self.servers):
             part = self.world.recv(source=s, tag=STATS)
             merged["updates"] = max(merged["updates"], part["updates"])
@@ -276,7 +277,8 @@ def run(config: Config) -> dict:
     from toolkit.run import pipeline
 
     world = _world()
-    size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers
+    servers: int                # ps_servers is set for the parameter-server syncs (toolkit/config/derived.py)
+    size, rank, servers = world.Get_size(), world.Get_rank(), config.ps_servers  # type: ignore[assignment]
     if config.checkpoint_dir and not config.resume:
         checkpoint.refuse_reuse(config.checkpoint_dir)      # every rank, before any message
     if size <= servers:
@@ -315,6 +317,7 @@ def run(config: Config) -> dict:
     how = f"ssp, staleness {config.staleness}" if config.sync is Sync.SSP else "async"
     say(w, f"{config.framework}/parameter server ({how}): {servers} server(s), {workers} worker(s), "
             f"{spe} steps/epoch per worker, batch {b * k} per update", config.quiet)
+    losses: list[float]
     clock, losses, loss, t0 = 0, [], None, time.perf_counter()
     pushed, replied = [], []            # wall-clock times of each push and of its reply (the step log)
     for epoch in range(client.epoch, config.epochs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from toolkit.config import Config, LrSchedule, LrScaling
+from toolkit.config import Config, LrScaling, LrSchedule
 
 
 def scaled_lr(config: Config, world_size: int) -> float:
@@ -45,5 +45,6 @@ def after_warmup(config: Config, target: float, step: int, warmup_steps: int, st
         left = config.epochs * steps_per_epoch - warmup_steps
         progress = min(1.0, max(0.0, (step - warmup_steps) / left)) if left > 0 else 1.0
         return target * (1 + math.cos(math.pi * progress)) / 2
-    every = max(1, int(round(config.lr_step_epochs * steps_per_epoch)))
-    return target * config.lr_step_gamma ** (step // every)
+    # lr_schedule step: lr_step_epochs and lr_step_gamma are set (toolkit/config/derived.py)
+    every = max(1, int(round(config.lr_step_epochs * steps_per_epoch)))    # type: ignore[operator]
+    return target * config.lr_step_gamma ** (step // every)                 # type: ignore[operator]

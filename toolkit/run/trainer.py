@@ -10,13 +10,14 @@ from __future__ import annotations
 import sys
 import time
 import types
+from typing import Any
 
-from toolkit.data import datasets
-from toolkit.run import metrics as metrics_log, preemption, pipeline
-from toolkit.messages import say
 from toolkit.config import PS_SYNCS, Config
+from toolkit.data import datasets
 from toolkit.errors import ToolkitError
-
+from toolkit.messages import say
+from toolkit.run import metrics as metrics_log
+from toolkit.run import pipeline, preemption
 
 BAR_LOSS_EVERY = 10     # steps between the progress bar's readings of the loss
 
@@ -54,7 +55,7 @@ def run(config: Config) -> dict:
     position = train_loader.sampler.position if train_loader.sampler.epoch == epoch else 0
     # the loader's whole position (a sharded stream's segments too), kept beside the count of samples
     loader_state = train_loader.state_dict() if train_loader.sampler.epoch == epoch else None
-    progress = dict(epoch=epoch, position=position, loader=loader_state,
+    progress: dict[str, Any] = dict(epoch=epoch, position=position, loader=loader_state,
                     step=int(meta.get("step", 0)), loss=meta.get("train_loss"), accuracy=None, lr=None, samples=0,
                     seconds=0.0, world_sizes=[], resets=0, trained=0)
 

@@ -19,9 +19,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import HorovodStrategy, gpu_for_local_rank, require_gpu_if_asked
 from toolkit.adapters.mxnet.strategies.common import MxnetStrategy
+from toolkit.adapters.topology import Topology
 from toolkit.config import Op
 from toolkit.errors import ToolkitError
 

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from toolkit.adapters.topology import Topology
-from toolkit.adapters.horovod import (HorovodStrategy, allreduce_gradients, gpu_for_local_rank, require_gpu_if_asked,
-                                      threads_per_rank)
+from toolkit.adapters.horovod import (
+    HorovodStrategy,
+    allreduce_gradients,
+    gpu_for_local_rank,
+    require_gpu_if_asked,
+    threads_per_rank,
+)
 from toolkit.adapters.tensorflow.keras import set_threads
 from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
+from toolkit.adapters.topology import Topology
 
 
 class TensorflowHorovod(TensorflowStrategy, HorovodStrategy):

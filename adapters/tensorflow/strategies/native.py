@@ -21,11 +21,11 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
-from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.strategy import Strategy
 from toolkit.adapters.tensorflow.keras import set_threads
 from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
+from toolkit.adapters.topology import Topology
 from toolkit.config import Op, TfStrategy
 from toolkit.errors import ToolkitError
 
@@ -44,7 +44,10 @@ def tf_config_topology(text: str) -> tuple[int, int, int, int]:
     except (ValueError, KeyError, TypeError) as e:
         raise ToolkitError(f"TF_CONFIG is not a worker cluster ({e.__class__.__name__}: {e}); start the "
                            "workers with `toolkit launch --framework tensorflow --backend native -np N -- ...`") from None
-    host = lambda address: address.rsplit(":", 1)[0]
+
+    def host(address):
+        return address.rsplit(":", 1)[0]
+
     same_host = [i for i, w in enumerate(workers) if host(w) == host(workers[index])]
     return index, len(workers), same_host.index(index), len(same_host)
 
@@ -155,8 +158,11 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         x = np.stack([np.asarray(bx) for bx, _ in batches])   # [k, b * replicas, ...]: replica i owns [i*b:(i+1)*b]
         y = np.stack([np.asarray(by) for _, by in batches])
         first = self.rank * local
-        per_replica = lambda a: self.tf.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(a[:, (ctx.replica_id_in_sync_group - first) * b:][:, :b]))
+
+        def per_replica(a):
+            return self.tf.experimental_distribute_values_from_function(
+                lambda ctx: tf.constant(a[:, (ctx.replica_id_in_sync_group - first) * b:][:, :b]))
+
         losses = self._step(per_replica(x), per_replica(y))
         return float(np.mean([t.numpy() for t in self.tf.experimental_local_results(losses)]))
 

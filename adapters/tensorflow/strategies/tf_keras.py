@@ -13,9 +13,9 @@ import sys
 
 import tensorflow as tf
 
-from toolkit.adapters.topology import Topology
 from toolkit.adapters.horovod import import_horovod
 from toolkit.adapters.tensorflow.strategies.horovod import TensorflowHorovod
+from toolkit.adapters.topology import Topology
 from toolkit.errors import ToolkitError
 
 
@@ -46,6 +46,7 @@ class TfKerasHorovod(TensorflowHorovod):
         if hasattr(optimizer, "_allreduce_grads"):       # what Horovod's __init__ gives its optimizers
             return optimizer
         import tf_keras
+
         from toolkit.adapters.tensorflow.keras import lr_schedule
         compression, op = self.reduction()
         schedule = lr_schedule(optimizer, tf_keras)
@@ -75,6 +76,7 @@ class TfKerasHorovod(TensorflowHorovod):
 
     def fit_callbacks(self) -> list:
         import tf_keras
+
         from toolkit.adapters.tensorflow import fit
         hvd = self.hvd_keras
         return [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),

@@ -10,11 +10,13 @@ framework's strategy shares are adapters/strategy.py's.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from toolkit.adapters.strategy import Strategy
 
 
 class TorchStrategy(Strategy):
-    device = None
+    device: Any = None      # torch.device of this rank, set by start()
 
     def unwrap(self, model):
         """The user's module (its state_dict has the user's names)."""

@@ -15,9 +15,14 @@ import contextlib
 import numpy as np
 import torch
 
+from toolkit.adapters.horovod import (
+    CPU_FUSION_THRESHOLD_MB,
+    HorovodStrategy,
+    gpu_for_local_rank,
+    require_gpu_if_asked,
+    threads_per_rank,
+)
 from toolkit.adapters.topology import Topology
-from toolkit.adapters.horovod import (CPU_FUSION_THRESHOLD_MB, HorovodStrategy, gpu_for_local_rank,
-                                      require_gpu_if_asked, threads_per_rank)
 from toolkit.adapters.torch.strategies.common import TorchStrategy
 from toolkit.config import Op
 

@@ -23,6 +23,7 @@ import atexit
 import inspect
 import os
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from toolkit.errors import ToolkitError
 
 # BatchNorm statistics not broadcast from rank 0 before every forward (the toolkit averages them where
 # Horovod's path does); torch 2.14 renamed the flag (the old name warns), 2.13 has the old one only.
-NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+NO_FORWARD_BUFFER_SYNC: dict[str, Any] = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                           inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
                           else {"broadcast_buffers": False})
 
@@ -80,7 +81,9 @@ class TorchNative(TorchStrategy, Strategy):
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         atexit.register(_shutdown)
         # numpy arrays and pickled objects cross on the CPU: Gloo, beside NCCL where NCCL moves the gradients
-        self.cpu_group = dist.new_group(backend="gloo") if self.backend != "gloo" else None
+        # every rank is a member: never new_group's NON_GROUP_MEMBER
+        self.cpu_group: dist.ProcessGroup | None = (dist.new_group(backend="gloo")  # type: ignore[assignment]
+                                                    if self.backend != "gloo" else None)
         self.launcher = where.launcher
         return Topology(self.rank, self.size, where.local_rank, where.local_size, str(self.device))
 
@@ -89,7 +92,7 @@ class TorchNative(TorchStrategy, Strategy):
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
     @property
-    def path(self) -> str:
+    def path(self) -> str:              # type: ignore[override]  # a property over Strategy's plain attribute
         engine = {Sharding.NONE: "DistributedDataParallel", Sharding.ZERO1: "DistributedDataParallel + "
                   "ZeroRedundancyOptimizer", Sharding.FSDP: "FSDP2 fully_shard"}[self.sharding]
         if self.exchange:
@@ -103,6 +106,7 @@ class TorchNative(TorchStrategy, Strategy):
         if self.device.type == "cuda":
             return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         from torch.distributed.nn import functional as dist_nn
+
         from toolkit.adapters.torch import batchnorm
         return batchnorm.convert(model, lambda t, name: dist_nn.all_reduce(t), lambda: self.size)
 
@@ -238,9 +242,9 @@ class TorchNative(TorchStrategy, Strategy):
         sizes = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
         received = torch.empty_like(sizes)
         dist.all_to_all_single(received, sizes, group=group)        # what each rank will send this one
-        received = [int(n) for n in received]
-        out = torch.empty(sum(received), dtype=tensor.dtype, device=tensor.device)
-        dist.all_to_all_single(out, tensor.contiguous(), received, list(splits), group=group)
+        counts = [int(n) for n in received]
+        out = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
+        dist.all_to_all_single(out, tensor.contiguous(), counts, list(splits), group=group)
         return out if torch.is_tensor(array) else out.numpy()
 
     def allgather_object(self, obj, name: str) -> list:

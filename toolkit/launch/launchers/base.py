@@ -19,7 +19,7 @@ class Launcher:
     elastic_flags = "--min-np or --host-discovery-script"   # what makes its job elastic (said of a lone --max-np)
     flags: dict[str, str] = {}          # spec field -> the flag that is this launcher's alone (Ray's --address)
     title = ""              # its name in a sentence: "--address is Ray's"
-    backends = ("horovod",)     # what the ranks it starts run: Horovod, or the framework's own engine ("native")
+    backends: tuple[str, ...] = ("horovod",)     # what the ranks it starts run: Horovod, or the framework's own engine ("native")
 
     def check(self, spec) -> None:
         """Refuse, in one line, a spec this launcher cannot run (the spec's common rules have passed)."""

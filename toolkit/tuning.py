@@ -1,6 +1,6 @@
 """Horovod's tuning flags as the HOROVOD_* variables every rank reads: `toolkit launch`'s --fusion-threshold-mb,
 --cycle-time-ms, --autotune and --timeline-file, and the same config keys in a rank (adapters/horovod.py), so
-both agree. Nothing of the launch package is imported here."""
+both agree. Below the launch package and the adapters, which both import it."""
 from __future__ import annotations
 
 import os
