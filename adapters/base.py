@@ -478,19 +478,19 @@ class Session(TensorWork):
     def broadcast_object(self, obj, name: str, root: int = 0):
         return self.strategy.broadcast_object(obj, name=name, root=root)
 
-    def allreduce(self, array, average: bool = True, name: str | None = None):
-        """numpy array in, numpy array out, summed or averaged over ranks. Horovod names an unnamed
-        collective by a per-process counter, so ranks that ran different numbers of operations
-        (uneven data, joined ranks) must name theirs."""
-        return self.strategy.allreduce(array, average=average, name=name)
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
+        """numpy array in, numpy array out, summed or averaged over ranks (`group`'s: strategy.new_group).
+        Horovod names an unnamed collective by a per-process counter, so ranks that ran different numbers
+        of operations (uneven data, joined ranks) must name theirs."""
+        return self.strategy.allreduce(array, average=average, name=name, group=group)
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         """1-D numpy array in (any length per rank), the ranks' arrays concatenated in rank order out."""
-        return self.strategy.allgather(array)
+        return self.strategy.allgather(array, group=group)
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         """1-D array in, part j (splits[j] values) to rank j; the parts every rank sent this one, in rank order."""
-        return self.strategy.alltoall(array, splits)
+        return self.strategy.alltoall(array, splits, group=group)
 
     def broadcast(self, root: int = 0) -> None:
         """Every model (parameters and buffers) and optimizer state from rank `root` to every rank."""

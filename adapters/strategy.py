@@ -13,8 +13,8 @@ class each (torch: strategies/common.py `TorchStrategy`; TensorFlow: strategies/
     the step    sync_gradients (accumulation) -> reduce_loss -> reduce -> (precision, clip) -> reduced:
                 the facade calls each at its place in the step's order (adapters/base.py `_reduce_and_apply`)
     communication  the object that counts and, for the toolkit's exchange, moves a step's gradients
-    collectives allreduce / allgather / alltoall of arrays, broadcast_object / allgather_object, join,
-                elastic (elastic_run, elastic_rank, on_reset)
+    collectives allreduce / allgather / alltoall of arrays (over every rank, or a `new_group`'s),
+                broadcast_object / allgather_object, join, elastic (elastic_run, elastic_rank, on_reset)
 
 Which path moves a step's gradients (the backend's own reduce, or the toolkit's exchange:
 compression, PowerSGD, DGC, local SGD, over the backend's collectives) is decided here, once
@@ -37,6 +37,7 @@ class Strategy(abc.ABC):
     name: str = ""          # the backend: "horovod", "native", ...
     path: str = ""          # how it trains, in a few words (the JSON summary's "path")
     collectives: str = ""   # whose collectives the toolkit's exchange runs on, when not Horovod's
+    groups: bool = False    # whether `new_group` makes groups of ranks (the hierarchical exchange)
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -113,18 +114,25 @@ class Strategy(abc.ABC):
         return contextlib.nullcontext()
 
     # -- collectives ---------------------------------------------------------------------------------------
+    # `group`: a handle `new_group` made (the collective runs among its ranks only), None for every rank.
     @abc.abstractmethod
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
         """numpy array (or a tensor of the framework) in, the same kind out, summed or averaged over ranks."""
 
     @abc.abstractmethod
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         """1-D array in (any length per rank), the ranks' arrays concatenated in rank order out."""
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         """1-D array in, cut in len(splits) parts (part j, splits[j] values, goes to rank j); the parts the
         ranks sent this rank out, concatenated in rank order."""
         raise self.refuse("alltoall (the compressed allreduce of bf16 and int8)")
+
+    def new_group(self, ranks: list[int]):
+        """A handle for collectives among `ranks` only (the hierarchical exchange's groups: the ranks of one
+        host, the ranks of one local rank across hosts). Collective: every rank calls it for every group,
+        in the same order, member or not."""
+        raise self.refuse("groups of ranks (the hierarchical exchange)")
 
     @abc.abstractmethod
     def allgather_object(self, obj, name: str) -> list: ...

@@ -51,6 +51,15 @@ METHODS = [
     ("PowerSGD rank 1", ["--compression", "powersgd", "--powersgd-rank", "1"]),
     ("PowerSGD rank 2", ["--compression", "powersgd", "--powersgd-rank", "2"]),
     ("PowerSGD rank 4", ["--compression", "powersgd", "--powersgd-rank", "4"]),
+    # the exchange's two forms side by side (bf16 and int8 above: hierarchical where the job has several
+    # hosts of several ranks, flat elsewhere), and torch's own engine
+    ("bf16 flat", ["--compression", "bf16", "--no-hierarchical-exchange"]),
+    ("int8 flat", ["--compression", "int8", "--no-hierarchical-exchange"]),
+    ("fp32 hierarchical", ["--hierarchical-exchange"]),
+    ("bf16 hierarchical", ["--compression", "bf16", "--hierarchical-exchange"]),
+    ("int8 hierarchical", ["--compression", "int8", "--hierarchical-exchange"]),
+    ("none native (DDP)", ["--backend", "native"]),
+    ("int8 hierarchical native", ["--backend", "native", "--compression", "int8", "--hierarchical-exchange"]),
 ]
 BEFORE = ("none", "bf16", "int8", "top-k 1%")
 COMPUTE = "forward + backward + update (no exchange)"
@@ -66,7 +75,8 @@ def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | Non
     warmup, iters, per_iter = steps or (a.warmup, a.iters, a.steps)
 
     def run(out: Path) -> dict:
-        argv = [str(checkout / ".venv" / "bin" / "python"), "-m", "toolkit", "bench", "--np", str(np_), "--gloo",
+        controller = [] if "native" in flags else ["--gloo"]       # torchrun has none to choose
+        argv = [str(checkout / ".venv" / "bin" / "python"), "-m", "toolkit", "bench", "--np", str(np_), *controller,
                 *MODEL, "--warmup", str(warmup), "--iters", str(iters), "--steps-per-iter", str(per_iter),
                 "--out", str(out), "--quiet", *flags]
         env = None
@@ -81,7 +91,8 @@ def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | Non
             return {"failed": " / ".join(ln for ln in proc.stderr.splitlines() if ln.strip())[-300:]}
         row = json.loads((out / "bench.json").read_text())["rows"][0]
         result = {"step_ms": 1000 * 64 / row["per_worker"], "compression_ms": row.get("compression_ms_per_step"),
-                  "bytes": row["bytes_sent_per_step"], "wire": row.get("wire_bytes_per_step")}
+                  "bytes": row["bytes_sent_per_step"], "wire": row.get("wire_bytes_per_step"),
+                  "cross": row.get("cross_host_bytes_per_step")}
         if netns:       # what hostA's interface sent during the job (all of it: setup, broadcast, steps)
             result["tk0"] = tk0_bytes(netns) - sent
         return result
@@ -167,7 +178,8 @@ def wire_check(a) -> int:
     k = a.ranks_per_host
     lines = []
     with namespace_hosts("--wire-check") as hosts:
-        for label, flags in [(lb, f) for lb, f in METHODS if lb in ("none", "int8", "top-k 1%", "bf16")]:
+        checked = a.methods.split(",") if a.methods else ("none", "int8", "top-k 1%", "bf16")
+        for label, flags in [(lb, f) for lb, f in METHODS if lb in checked]:
             runs = {}
             for steps in (short, long):
                 with tempfile.TemporaryDirectory() as out:
@@ -176,9 +188,12 @@ def wire_check(a) -> int:
                 lines.append(f"| {label} | failed | | | | |")
                 continue
             measured = (runs[long]["tk0"] - runs[short]["tk0"]) / (long[2] - short[2])
-            kind = {"none": ["allreduce"], "top-k 1%": ["allgather", "allgather"]}.get(
+            kind = ["allreduce"] if label.startswith("none") else {"top-k 1%": ["allgather", "allgather"]}.get(
                 label, ["alltoall", "allgather"] if k > 1 else ["allgather"])
-            expected = expected_tk0(label, runs[long], kind, k)
+            if runs[long].get("cross") is not None:    # hierarchical: each of hostA's k ranks allgathers its
+                expected = k * runs[long]["cross"]      # shard's payload with its one peer on hostB
+            else:
+                expected = expected_tk0(label, runs[long], kind, k)
             lines.append([label, f"{runs[long]['bytes']:,.0f}", f"{runs[long]['wire']:,.0f}", f"{expected:,.0f}",
                           f"{measured:,.0f}", f"{measured / expected:.3f}"])
             print(lines[-1], file=sys.stderr, flush=True)

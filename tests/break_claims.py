@@ -38,6 +38,7 @@ MU = "tests/test_mxnet_usercode.py"
 IN = "tests/test_install.py"
 NT = "tests/test_native_torch.py"
 TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
+MH = "tests/test_multihost.py"
 MUTANTS = [
     Mutant("reduced-owner-keeps-float", "the compressed allreduce gives every rank the same result (the owner decodes its own chunk too)",
            (("toolkit/exchange/exchanges.py", "            if e > a:\n                cc.set_into(out[a:e]",
@@ -348,8 +349,8 @@ MUTANTS = [
            (("adapters/torch/session.py", '        if others:\n            state["parts"]', '        if False:\n            state["parts"]'),),
            ("tests/test_usercode.py::test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly",)),
     Mutant("dict-batches-unpacked", "a torch loader yields the DataLoader's batch as it is (dicts, any arity)",
-           (("adapters/torch/session.py", "            yield map_structure(self._to_device, batch)",
-             "            x, y = batch\n            yield self._to_device(x), self._to_device(y)"),),
+           (("adapters/torch/session.py", "            yield map_structure(self.to_device, batch)",
+             "            x, y = batch\n            yield self.to_device(x), self.to_device(y)"),),
            ("tests/test_usercode.py::test_dict_batches_through_a_collate_fn_train_a_transformers_model_with_its_own_loss",)),
     Mutant("metric-count-wrong", "evaluate(metric=...) weighs each batch by its samples",
            (("adapters/base.py", "        n = leading_size(batch)\n", "        n = 1\n"),),
@@ -403,8 +404,8 @@ MUTANTS = [
            (("adapters/mxnet/strategies/horovod.py", "session.parameter_shapes() if session.rank == root else None", "None"),),
            (f"{MU}::test_a_deferred_model_resumed_before_its_first_forward_pass_ends_where_the_whole_run_did",)),
     Mutant("mxnet-batches-unpacked", "Gluon batches of any number of fields reach the user's loop whole",
-           (("adapters/mxnet/session.py", "            yield map_structure(self._to_device, batch)",
-             "            yield tuple(map_structure(self._to_device, batch))[:2]"),),
+           (("adapters/mxnet/session.py", "            yield map_structure(self.to_device, batch)",
+             "            yield tuple(map_structure(self.to_device, batch))[:2]"),),
            (f"{MU}::test_three_field_and_dict_samples",)),
     Mutant("mxnet-dict-samples", "Gluon dict samples are batched key by key",
            (("adapters/mxnet/session.py", "        if isinstance(samples[0], dict):", "        if False:"),),
@@ -544,6 +545,26 @@ MUTANTS = [
              "from __future__ import annotations\n\n\ndef _plan():\n    from toolkit.planner import scaling\n"
              "    return scaling\n"),),
            ("tests/test_layout.py::test_no_import_arrow_runs_upward",)),
+    Mutant("hierarchy-owner-sums-own-only", "the hierarchical exchange sums every local rank's shard inside a host",
+           (("toolkit/exchange/hierarchy.py", "            for j in range(1, lv.ranks_per_host):\n",
+             "            for j in range(1, 1):\n"),),
+           ("tests/test_hierarchy.py::test_every_rank_gets_the_same_mean_and_only_its_shard_crosses_hosts",)),
+    Mutant("hierarchy-sends-whole", "across hosts a rank sends only its shard of the gradient",
+           (("toolkit/exchange/hierarchy.py", "        chunks = self.cross.chunks(n, lv.ranks_per_host)\n",
+             "        chunks = self.cross.chunks(n, 1) * lv.ranks_per_host\n"),),
+           ("tests/test_hierarchy.py::test_every_rank_gets_the_same_mean_and_only_its_shard_crosses_hosts",
+            f"{MH}::test_int8_across_two_hosts_is_hierarchical_the_same_bits_on_horovod_and_torchrun_and_resumes_exactly")),
+    Mutant("hierarchy-residual-not-saved", "a resume restores each rank's residual of its shard",
+           (("toolkit/exchange/hierarchy.py", "            row[a:e] = buf\n", "            pass\n"),),
+           ("tests/test_hierarchy.py::test_error_feedback_keeps_what_each_rank_did_not_send_of_its_shard",
+            f"{MH}::test_int8_across_two_hosts_is_hierarchical_the_same_bits_on_horovod_and_torchrun_and_resumes_exactly")),
+    Mutant("hierarchy-never-auto", "bf16 and int8 are hierarchical when a job has several hosts of several ranks",
+           (("toolkit/exchange/hierarchy.py", "    if not asked and 1 in shape:", "    if not asked:"),),
+           (f"{MH}::test_bf16_across_two_hosts_is_hierarchical_in_tensorflow_and_mxnet[mxnet]",)),
+    Mutant("plan-hierarchy-flat", "the planner prices the hierarchical exchange on both links",
+           (("toolkit/planner/scaling.py", "        return (g, m) if self.hierarchical and g > 1 and m > 1 else None",
+             "        return None"),),
+           (f"{TS}::test_the_hierarchical_exchange_is_priced_on_both_links",)),
 ]
 
 

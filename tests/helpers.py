@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from tests.conftest import ROOT, clean_env, digits, run, train_job
+from tests.conftest import ROOT, clean_env, digits, run, run_native, train_job
 
 LOOP = [sys.executable, str(ROOT / "tests" / "user_loop.py")]
 
@@ -97,7 +97,8 @@ def user_loop(fw, out, *args, ranks=2, timeout=300) -> dict:
         how = ["--backend", backend, "--framework", framework] if backend else ["--gloo"]
         argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, *how, "--timeout", timeout - 10, "--",
                 *argv]
-    proc = run(argv, timeout=timeout, env=clean_env(TOOLKIT_BACKEND=backend) if backend else None)
+    proc = (run_native(argv, timeout=timeout, env=clean_env(TOOLKIT_BACKEND=backend)) if backend == "native" else
+            run(argv, timeout=timeout, env=clean_env(TOOLKIT_BACKEND=backend) if backend else None))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads(open(out).read())
     with np.load(str(out) + ".npz") as saved:

@@ -4,6 +4,7 @@ The adapter here is a least-squares model with SGD + momentum written in numpy, 
 can be checked; the real frameworks run the same code in tests/test_distributed_communication.py.
 """
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ class LeastSquares:
     """A session's tensor side (what toolkit.exchange.communication calls), in numpy: w <- w - lr * m,
     m <- momentum * m + grad."""
     name = "numpy"
+    strategy = types.SimpleNamespace(groups=False)      # no groups of ranks: the flat exchange
 
     def __init__(self, group, rank, lr=0.05, momentum=0.9):
         self.group, self.rank, self.lr, self.momentum = group, rank, lr, momentum

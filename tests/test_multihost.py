@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, digits, horovod_status, one_line_error, summary
@@ -113,3 +114,61 @@ def test_mpiruns_banner_for_an_ssh_login_that_fails_is_ssh_s_own_line(hosts, tmp
     wrapper.chmod(0o755)
     proc, _ = _launch_from_hostA(hosts, "mpirun", path=tmp_path / "bin")
     one_line_error(proc, "mpirun could not start on the other hosts over ssh", "Permission denied (publickey)")
+
+
+# -- the hierarchical exchange on 2 hosts x 2 ranks (toolkit/exchange/hierarchy.py) ---------------------------
+
+def _four_ranks(hosts, how: list, *args, timeout=300) -> dict:
+    """examples/train.py on 4 ranks, 2 on each namespace host, launched from hostA; its summary."""
+    argv = ["bash", SCRIPT, "exec", hosts, "hostA", sys.executable, "-m", "toolkit", "launch", "-np", "4",
+            "-H", "hostA:2,hostB:2", *how, "--network-interface", "tk0", "--timeout", timeout - 30, "--", *TRAIN,
+            *args]
+    env = clean_env()
+    env["PATH"] = f"{hosts}/bin{os.pathsep}{env['PATH']}"
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return summary(proc)
+
+
+def _int8_bytes(values: int) -> int:
+    """An int8 payload of `values` values as the exchange packs it: the values and a float32 scale per block of
+    256, each part padded to 8 bytes."""
+    scales = 4 * -(-values // 256)
+    return values + (-values % 8) + scales + (-scales % 8)
+
+
+def test_int8_across_two_hosts_is_hierarchical_the_same_bits_on_horovod_and_torchrun_and_resumes_exactly(
+        hosts, tmp_path):
+    """2 hosts x 2 ranks, compression int8 (hierarchical_exchange unset: on for this topology). Horovod's
+    process sets over Gloo: the path names the form; every rank ends with the same model; rank 0 hands to
+    collectives across hosts only its shard (half of the gradient: whole blocks of 256) compressed, and
+    float32 inside its host (the alltoall of the whole gradient, the allgather of its shard). torch's own
+    groups under torchrun end with the same bits. A job resumed from the first epoch's checkpoint (every
+    rank's residual of its shard restored) ends where the uninterrupted one ended."""
+    from tests.helpers import assert_resumed, interrupted_copy, params
+    common = [*digits("torch"), "--epochs", "2", "--compression", "int8"]
+    straight = _four_ranks(hosts, ["--gloo"], *common, "--checkpoint-dir", tmp_path / "a")
+    assert straight["path"].startswith("toolkit int8 hierarchical (2 hosts x 2 ranks: float32 inside a host, "
+                                       "int8 (allgather) across hosts) exchange"), straight["path"]
+    assert_replicas(straight, 4)
+    n = sum(v.size for v in params("torch", tmp_path / "a").values())
+    shard = (-(-n // 256) // 2) * 256          # rank 0's: the first half of the 256-value blocks
+    assert straight["cross_host_bytes_per_step"] == _int8_bytes(shard)
+    assert straight["bytes_sent_per_step"] == 4 * n + 4 * shard + _int8_bytes(shard)
+    native = _four_ranks(hosts, ["--backend", "native", "--framework", "torch"], *common, "--backend", "native")
+    assert native["path"] == straight["path"].replace("torch's Horovod", "torch.distributed's")
+    assert native["final_digests"] == straight["final_digests"]
+    cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
+    assert {"residuals"} <= set(np.load(cut["folder"] / "communication.npz").files)
+    resumed = _four_ranks(hosts, ["--gloo"], *common, "--checkpoint-dir", tmp_path / "b", "--resume")
+    assert_resumed(resumed, straight, cut)
+    assert resumed["final_digests"] == straight["final_digests"]
+
+
+@pytest.mark.parametrize("fw", ["tensorflow", "mxnet"])
+def test_bf16_across_two_hosts_is_hierarchical_in_tensorflow_and_mxnet(hosts, fw):
+    """The same form on Horovod's TensorFlow and MXNet collectives (process sets over Gloo): named in
+    the path, the same model on every rank, and it trains."""
+    out = _four_ranks(hosts, ["--gloo"], *digits(fw), "--epochs", "2", "--compression", "bf16")
+    assert "bf16 hierarchical (2 hosts x 2 ranks" in out["path"], out["path"]
+    assert_replicas(out, 4)
+    assert out["accuracy"] > 0.5

@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, assert_replicas, clean_env, one_line_error, run, summary, toolkit, train_job
+from tests.conftest import (
+    ROOT,
+    assert_replicas,
+    clean_env,
+    one_line_error,
+    run,
+    run_native,
+    summary,
+    toolkit,
+    train_job,
+)
 
 pytestmark = pytest.mark.distributed
 DIGITS = ["--framework", "torch", "--dataset", "digits"]
@@ -26,7 +36,7 @@ def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_m
                            "-x", "PATH", *script]}
     digests = {}
     for name, argv in launches.items():
-        out = summary(run(argv, env=env, timeout=240))
+        out = summary(run_native(argv, env=env, timeout=240))
         assert out["world_size"] == 2 and len(set(out["final_digests"])) == 1, (name, out)
         assert out["accuracy"] > 0.85, (name, out)
         digests[name] = out["final_digests"][0]
@@ -138,8 +148,8 @@ def test_each_rank_holds_its_share(sharding, tmp_path):
     rank (2P in all), fsdp half of the parameters and half of the state too; the replicas still agree."""
     script = tmp_path / "shards.py"
     script.write_text(SHARDS)
-    proc = run([sys.executable, "-m", "toolkit", "launch", "--backend", "native", "--framework", "torch", "-np", "2",
-                "--timeout", "150", "--", "python", script, sharding], timeout=180)
+    proc = run_native([sys.executable, "-m", "toolkit", "launch", "--backend", "native", "--framework", "torch", "-np",
+                       "2", "--timeout", "150", "--", "python", script, sharding], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     ranks = [json.loads(line) for line in re.sub(r"\[\d+\]<stdout>:", "", proc.stdout).splitlines() if line.startswith("{")]

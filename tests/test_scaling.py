@@ -140,6 +140,29 @@ def test_step_time_stragglers_and_methods():
     assert eight.step_s < cost.step_s
 
 
+def test_the_hierarchical_exchange_is_priced_on_both_links():
+    """int8 in two levels on 4 nodes of 8: inside a node a float32 alltoall of the gradient and an allgather of
+    its 8th on the intra-node link; across, the 8th's compressed exchange among the 4 nodes on the inter-node
+    link, its compression work on an 8th of the payload; on one node, or one GPU a node, it is the flat form."""
+    work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 4)
+    nodes = scaling.Cluster(8, wire.Link(5e-6, 25e9 / 8, overhead=1e-3), wire.Link(2e-6, 300e9))
+    flat = scaling.Method("int8", "exchange", collectives=(("allgather", 4.1e6),), compress_s=0.008,
+                          decode_s=0.004, reducible=True)
+    hier = replace(flat, hierarchical=True)
+    cost = scaling.step_time(work, hier, nodes, 32)
+    dense, shard = 16e6, 4.1e6 / 8
+    assert [(k, b, n) for k, b, n, _ in hier.calls(work, nodes, 32)] == [
+        ("alltoall", dense, 8), ("allgather", dense / 8, 8), ("alltoall", shard, 4), ("allgather", shard / 4, 4)]
+    expected = (wire.pairwise_alltoall(dense, 8, nodes.intra) + wire.ring_allgather(dense / 8, 8, nodes.intra)
+                + wire.pairwise_alltoall(shard, 4, nodes.inter) + wire.ring_allgather(shard / 4, 4, nodes.inter))
+    assert cost.comm_s == pytest.approx(expected)
+    assert cost.step_s == pytest.approx(0.1 + expected + 0.008 / 8 * (1 + 1 / 4) + 2 * 0.004 / 8)
+    assert cost.bytes_per_step == pytest.approx(dense + dense / 8 + shard + shard / 4)
+    assert cost.step_s < scaling.step_time(work, flat, nodes, 32).step_s
+    for n in (8, 4):            # one node: flat
+        assert scaling.step_time(work, hier, nodes, n).step_s == scaling.step_time(work, flat, nodes, n).step_s
+
+
 def test_crossing_is_the_link_where_a_method_stops_paying():
     """The bandwidth below which int8's compressed allreduce beats none: equal steps there, int8
     faster below and slower above; a method that is always faster has no crossing below `high`."""

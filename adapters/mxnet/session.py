@@ -123,7 +123,7 @@ class MxnetSession(DeferredShapes, Session):
         while chunk := [s for _, s in zip(range(batch_size), samples)]:
             if drop_last and len(chunk) < batch_size:
                 return
-            yield map_structure(self._to_device, batchify(chunk))
+            yield map_structure(self.to_device, batchify(chunk))
 
     def _tensor(self, array):
         return mx.nd.array(array, ctx=self.ctx, dtype=array.dtype)
@@ -139,9 +139,9 @@ class MxnetSession(DeferredShapes, Session):
                                                  gluon.data.dataloader.default_batchify_fn)
         batches = gluon.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
         for batch in batches:
-            yield map_structure(self._to_device, batch)
+            yield map_structure(self.to_device, batch)
 
-    def _to_device(self, value):
+    def to_device(self, value):
         return value.as_in_context(self.ctx) if isinstance(value, mx.nd.NDArray) else value
 
     # -- the step -----------------------------------------------------------------------------------

@@ -66,4 +66,4 @@ def batches(session, source, reads, sizes, size: int, train: bool):
     records = reads.records(read_shard, source.shards)
     for n in sizes:
         batch = batchify([decode(next(records)) for _ in range(n)])
-        yield [session._to_device(v) for v in batch]
+        yield [session.to_device(v) for v in batch]

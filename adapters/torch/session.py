@@ -97,10 +97,10 @@ class TorchSession(Session):
         options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda",
                    "drop_last": drop_last, **reader}
         loader = torch.utils.data.DataLoader(data, batch_size=batch_size, **options)
-        return (map_structure(self._to_device, batch) for batch in loader)
+        return (map_structure(self.to_device, batch) for batch in loader)
 
     def _tensor(self, array):
-        return self._to_device(torch.from_numpy(array))
+        return self.to_device(torch.from_numpy(array))
 
     def _dataset_batches(self, data, plan, sampler, **reader):
         """torch's DataLoader over the plan's batches; `reader`: the user's DataLoader options
@@ -108,9 +108,9 @@ class TorchSession(Session):
         options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda", **reader}
         batches = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
         for batch in batches:
-            yield map_structure(self._to_device, batch)
+            yield map_structure(self.to_device, batch)
 
-    def _to_device(self, value):
+    def to_device(self, value):
         return value.to(self.torch_device, non_blocking=True) if torch.is_tensor(value) else value
 
     def _inference(self):

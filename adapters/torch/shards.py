@@ -91,4 +91,4 @@ def batches(session, source, reads, sizes, size: int, train: bool):
     loader = DataLoader(_Batches(reads, source.shards, sizes, decode), batch_size=None, num_workers=workers,
                         pin_memory=session.torch_device.type == "cuda")
     for batch in loader:
-        yield tuple(session._to_device(v) for v in batch)
+        yield tuple(session.to_device(v) for v in batch)

@@ -163,6 +163,13 @@ class CommunicationConfig:
     error_feedback: Optional[bool] = _f(None, "compression bf16/int8/topk/powersgd: add what was not sent to the "
                                               "next step's gradient (kept per parameter and rank, saved in "
                                               "checkpoints); unset = {unset}", unset=True)
+    hierarchical_exchange: Optional[bool] = _f(None, "the exchange in two levels: a float32 reduce-scatter among the ranks "
+                                            "of a host, the compressed exchange of each rank's share across "
+                                            "hosts (ranks of the same local rank only), an allgather inside the "
+                                            "host; with compression none, float32 across hosts too. unset = "
+                                            "{unset}", unset="auto",
+                                      note="(on for compression bf16/int8 when the job has several hosts "
+                                           "with several ranks each)")
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
                                      "steps, then the models and optimizer slots averaged; also at each epoch's "
                                      "end), or a parameter server over mpi4py: async_ps (no waiting) or ssp (no "
@@ -261,7 +268,7 @@ ORDER = (
     "context", "dataset", "image_size", "augment", "epochs", "batch_size", "optimizer", "lr", "momentum",
     "weight_decay", "lr_scaling", "warmup_epochs", "lr_schedule", "lr_step_epochs", "lr_step_gamma", "compression",
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
-    "error_feedback", "sync", "local_steps",
+    "error_feedback", "hierarchical_exchange", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
     "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "seed", "checkpoint_dir", "keep_checkpoints",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",
@@ -294,7 +301,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _plain(value):
+def plain(value):
     return value.value if isinstance(value, enum.Enum) else value
 
 
@@ -304,7 +311,7 @@ def _example(name: str) -> str:
     kind, _ = base_type(name)
     if default is None and isinstance(kind, type) and issubclass(kind, enum.Enum):
         return next(iter(kind)).value
-    return str(_plain(default))
+    return str(plain(default))
 
 
 # The elastic keys without their prefix.

@@ -45,7 +45,7 @@ def is_reference(value: str) -> bool:
     return bool(sep and module and function.isidentifier())
 
 
-def _rank_values(key: str, spec: Optional[str], valid, error: str) -> dict[int, float]:
+def rank_values(key: str, spec: Optional[str], valid, error: str) -> dict[int, float]:
     """`RANK:VALUE[,RANK:VALUE]` (the value of `key`) -> {rank: value}; `error` (one line) when a part does not
     parse or `valid(value)` is false."""
     values = {}
@@ -152,6 +152,24 @@ def _check_elastic(c) -> None:
                           "compression", "sync", *ELASTIC)
 
 
+def _check_hierarchical(c) -> None:
+    if not c.hierarchical_exchange:
+        return
+    if c.compression not in (Compression.NONE, Compression.BF16, Compression.INT8) or c.dgc:
+        raise ConfigError(f"hierarchical_exchange: true runs compression none, bf16 or int8 (got compression="
+                          f"{c.compression.value!r}{', dgc' if c.dgc else ''}); use one of those or drop hierarchical_exchange",
+                          "hierarchical_exchange", "compression")
+    if c.sync is not Sync.EVERY_STEP:
+        raise ConfigError(f"hierarchical_exchange: true exchanges every step's gradients (got sync={c.sync.value!r}); "
+                          "use sync every_step or drop hierarchical_exchange", "hierarchical_exchange", "sync")
+    if c.elastic:
+        raise ConfigError("hierarchical_exchange: true keeps its groups of ranks for the whole job; an elastic job's ranks "
+                          "change: drop hierarchical_exchange or the elastic keys", "hierarchical_exchange", *ELASTIC)
+    if c.op is Op.ADASUM:
+        raise ConfigError("hierarchical_exchange: true averages or sums; op adasum is Horovod's own reduce: use op average "
+                          "or sum, or drop hierarchical_exchange", "hierarchical_exchange", "op")
+
+
 def _check_dgc_powersgd(c) -> None:
     if c.powersgd_rank is not None:
         if c.compression is not Compression.POWERSGD:
@@ -204,6 +222,7 @@ def _check_communication(c) -> None:
                           f"{c.compression.value!r}, which loses nothing to feed back); drop it",
                           "error_feedback", "compression")
     _check_dgc_powersgd(c)
+    _check_hierarchical(c)
     if c.sync is Sync.LOCAL_SGD:
         if c.local_steps is not None and c.local_steps < 1:
             _bad("local_steps", c.local_steps, "must be a positive integer (steps between averages)",

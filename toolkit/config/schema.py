@@ -32,8 +32,8 @@ from .enums import (
     Sync,
     TfStrategy,
 )
-from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, _plain
-from .values import ConfigError, _coerce, flatten_groups, origins_named
+from .groups import ELASTIC_KEYS, GROUPS, KEYS, ORDER, plain
+from .values import ConfigError, coerce, flatten_groups, origins_named
 
 
 class _Complete(type):
@@ -98,6 +98,7 @@ class Config(metaclass=_Complete):
     powersgd_rank: Optional[int] = _key("powersgd_rank")
     powersgd_warmup_steps: int = _key("powersgd_warmup_steps")
     error_feedback: Optional[bool] = _key("error_feedback")
+    hierarchical_exchange: Optional[bool] = _key("hierarchical_exchange")
     sync: Sync = _key("sync")
     local_steps: Optional[int] = _key("local_steps")
     sync_warmup_steps: int = _key("sync_warmup_steps")
@@ -141,7 +142,7 @@ class Config(metaclass=_Complete):
 
     def data_fractions(self) -> dict[int, float]:
         """{rank: fraction of its batches it trains on} from `uneven_data`."""
-        fractions = rules._rank_values("uneven_data", self.uneven_data, lambda v: 0 <= v <= 1,
+        fractions = rules.rank_values("uneven_data", self.uneven_data, lambda v: 0 <= v <= 1,
                                        f"uneven_data={self.uneven_data!r}: "
                                        "expected RANK:FRACTION[,RANK:FRACTION] with RANK >= 0 and FRACTION in [0, 1], "
                                        "e.g. --uneven-data 1:0.5")
@@ -155,7 +156,7 @@ class Config(metaclass=_Complete):
 
     def straggler_delays(self) -> dict[int, float]:
         """{rank: seconds to sleep before each step} from `straggler`."""
-        ms = rules._rank_values("straggler", self.straggler, lambda v: v >= 0,
+        ms = rules.rank_values("straggler", self.straggler, lambda v: v >= 0,
                                 f"straggler={self.straggler!r}: expected RANK:MS[,RANK:MS] with RANK >= 0 and MS >= 0 "
                                 "milliseconds, e.g. --straggler 1:50")
         return {rank: value / 1000 for rank, value in ms.items()}
@@ -169,10 +170,18 @@ class Config(metaclass=_Complete):
     def toolkit_exchange(self) -> bool:
         """Whether the toolkit moves the gradients (toolkit/exchange/communication.py or, for a parameter
         server, toolkit/run/ps.py) instead of Horovod's optimizer."""
-        return self.compression in TOOLKIT_COMPRESSIONS or self.sync in (Sync.LOCAL_SGD, *PS_SYNCS)
+        return (self.compression in TOOLKIT_COMPRESSIONS or self.sync in (Sync.LOCAL_SGD, *PS_SYNCS)
+                or self.hierarchical_exchange is True)
+
+    @property
+    def hierarchical_capable(self) -> bool:
+        """Whether the exchange can run in two levels (toolkit/exchange/hierarchy.py): bf16 or int8 (or
+        compression none with hierarchical_exchange: true), every step, not elastic."""
+        methods = (Compression.BF16, Compression.INT8) + ((Compression.NONE,) if self.hierarchical_exchange else ())
+        return self.compression in methods and self.sync is Sync.EVERY_STEP and not self.elastic
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_yaml(self) -> str:
         """The config as YAML in the README's form: the elastic keys as one `elastic:` block, and an
@@ -211,4 +220,4 @@ class Config(metaclass=_Complete):
             raise ToolkitError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(kinds)}")
         values = flatten_groups(values, source)
         with origins_named(dict.fromkeys(values, source)):
-            return cls(**{k: _coerce(kinds[k], v) for k, v in values.items()})
+            return cls(**{k: coerce(kinds[k], v) for k, v in values.items()})

@@ -1,7 +1,7 @@
 """Where keys come from, lowest to highest: defaults < YAML file (`--config`) < `TOOLKIT_*` environment < CLI
 flags. Only what a source really sets is merged. Every field is also a flag (`accumulation_steps` ->
 `--accumulation-steps`) and an environment variable (`TOOLKIT_ACCUMULATION_STEPS`). A raw value becomes the
-field's type here (`_coerce`), or a one-line ToolkitError naming the key and the fix.
+field's type here (`coerce`), or a one-line ToolkitError naming the key and the fix.
 
 This is the one place that knows where each value came from, so every error about values (a type, a choice, a
 range, keys that do not go together: values.ConfigError, raised by values.py and rules.py) ends here with the
@@ -20,9 +20,9 @@ from typing import Any, Mapping, Optional, Sequence
 from toolkit.errors import ToolkitError
 
 from .enums import Backend, Keras
-from .groups import _plain, flag
+from .groups import flag, plain
 from .schema import Config
-from .values import _TRUE, _base_type, _coerce, flatten_groups, origins_named
+from .values import TRUE_WORDS, base_type, coerce, flatten_groups, origins_named
 
 ENV_PREFIX = "TOOLKIT_"
 # TOOLKIT_* variables that are not config fields (read by other parts of the toolkit).
@@ -95,9 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML file of config keys (below flags and TOOLKIT_* in precedence)")
     group = parser.add_argument_group("config (also YAML keys and TOOLKIT_<KEY> variables)")
     for f in dataclasses.fields(Config):
-        kind, _ = _base_type(f)
+        kind, _ = base_type(f)
         # argparse formats help with %: a literal percent sign is written twice
-        help_text = f.metadata["help"].replace("%", "%%") + f" (default: {_plain(f.default)})"
+        help_text = f.metadata["help"].replace("%", "%%") + f" (default: {plain(f.default)})"
         if kind is bool:
             group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
@@ -115,7 +115,7 @@ def load(source: "str | os.PathLike | Mapping[str, Any] | Config | None" = None,
     then TOOLKIT_* variables; then `keys` (keyword arguments win, as flags do on the command line)."""
     if isinstance(source, Config):
         with origins_named(dict.fromkeys(keys, "start()")):
-            return dataclasses.replace(source, **{k: _coerce(_field(k, "start()"), v) for k, v in keys.items()})
+            return dataclasses.replace(source, **{k: coerce(_field(k, "start()"), v) for k, v in keys.items()})
     if source is None or isinstance(source, Mapping):
         return resolve(keys, base=dict(source or {}), named="start()")
     return resolve({"config": str(source), **keys}, named="start()")
@@ -156,10 +156,10 @@ def resolve(args: argparse.Namespace | Mapping[str, Any] | None = None,
         # from_dict words the message (nearest key, allowed keys)
         Config.from_dict({unknown[0]: None}, source=merged[unknown[0]][1])
     with origins_named(origins):
-        values = {k: _coerce(kinds[k], v) for k, (v, _) in merged.items()}
+        values = {k: coerce(kinds[k], v) for k, (v, _) in merged.items()}
         if ("keras" not in values and values.get("framework") == "tensorflow"
                 and values.get("backend", Backend.HOROVOD) is Backend.HOROVOD
-                and str(environ.get("TF_USE_LEGACY_KERAS", "")).lower() in _TRUE):
+                and str(environ.get("TF_USE_LEGACY_KERAS", "")).lower() in TRUE_WORDS):
             values["keras"] = Keras.TF_KERAS     # TensorFlow's own switch for legacy Keras, honoured
             origins["keras"] = f"TF_USE_LEGACY_KERAS={environ['TF_USE_LEGACY_KERAS']}"
         return Config(**values)

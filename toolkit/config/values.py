@@ -15,7 +15,7 @@ from .groups import GROUPS, _example, flag
 from .groups import base_type as _key_type
 
 
-def _base_type(f: dataclasses.Field):
+def base_type(f: dataclasses.Field):
     """(the field's type without Optional, whether None is allowed)."""
     return _key_type(f.name)
 
@@ -46,13 +46,13 @@ def origins_named(origins: Mapping[str, str]):
         raise e.located(origins) from None
 
 
-_TRUE = {"true", "1", "yes", "on"}
+TRUE_WORDS = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def _coerce(f: dataclasses.Field, raw):
+def coerce(f: dataclasses.Field, raw):
     """Turn a YAML, environment or CLI value into the field's type, or say what was expected (ConfigError)."""
-    kind, optional = _base_type(f)
+    kind, optional = base_type(f)
     if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
         return None
     text = raw.strip() if isinstance(raw, str) else raw
@@ -67,8 +67,8 @@ def _coerce(f: dataclasses.Field, raw):
         if kind is bool:
             if isinstance(text, bool):
                 return text
-            if str(text).lower() in _TRUE | _FALSE:
-                return str(text).lower() in _TRUE
+            if str(text).lower() in TRUE_WORDS | _FALSE:
+                return str(text).lower() in TRUE_WORDS
             raise ValueError
         if kind is int:
             if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):

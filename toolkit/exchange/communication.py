@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit.config import Compression, Config, Sync
-from toolkit.exchange import arrays, numerics, wire
+from toolkit.exchange import arrays, hierarchy, numerics, wire
 from toolkit.exchange.exchanges import GradientExchange, PowerSGDExchange, make_exchange
 
 STATE_FILE = "communication.npz"
@@ -55,14 +55,19 @@ class Communication:
         self.ops = arrays.of(session)
         self.dgc = config.dgc
         # None where the strategy's own reduce moves the gradients (self.toolkit False): never called then
+        self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
         self.exchange: GradientExchange = (make_exchange(config, self.ops)  # type: ignore[assignment]
                                            if self.toolkit else None)
+        if self.toolkit and config.hierarchical_capable and config.hierarchical_exchange is not False and self.world > 1:
+            # a GradientExchange's verbs and attributes, around one that runs across hosts
+            self.exchange = (hierarchy.make(config, session, self.ops, self.values)  # type: ignore[assignment]
+                             or self.exchange)
         self.step_calls = step_calls
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
         self.wire_sent = 0.0        # what those collectives sent over the links (toolkit/exchange/wire.py)
+        self.cross_sent = 0         # the hierarchical exchange: what this rank handed to collectives across hosts
         self.steps = 0              # optimizer steps since this process started
-        self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
         if self.step_calls is None:     # Horovod's own reduce: dense, 2 bytes a value with fp16
             calls = [("allreduce", self.values * horovod_value_bytes(config))]
             self.step_calls = lambda step: calls
@@ -75,9 +80,12 @@ class Communication:
         self.steps += 1
 
     def _count(self, calls) -> None:
-        for kind, nbytes in calls:
+        """(kind, bytes handed over) among every rank, or (kind, bytes, group size, "host" or "cross")."""
+        for kind, nbytes, *among in calls:
             self.bytes_sent += nbytes
-            self.wire_sent += wire.sent(kind, nbytes, self.world)
+            self.wire_sent += wire.sent(kind, nbytes, among[0] if among else self.world)
+            if among and among[1] == "cross":
+                self.cross_sent += nbytes
 
     def exchange_and_apply(self, grads, step: int):
         """The toolkit's exchange of this rank's gradients `grads` at global step `step` (local SGD past
@@ -141,6 +149,11 @@ class Communication:
         if isinstance(self.exchange, PowerSGDExchange):
             return f"powersgd rank {self.exchange.rank}"
         forms: dict[str | None, str] = {"reduce": " (compressed allreduce)", "allgather": " (allgather)"}
+        if isinstance(self.exchange, hierarchy.HierarchicalExchange):
+            lv, across = self.exchange.levels, forms.get(self.exchange.cross_form, " (float32 allreduce)")
+            hosts = f"{lv.hosts} host{'s' * (lv.hosts > 1)} x {lv.ranks_per_host} rank{'s' * (lv.ranks_per_host > 1)}"
+            return (f"{self.exchange.compressor.name} hierarchical ({hosts}: "
+                    f"float32 inside a host, {self.exchange.compressor.name}{across} across hosts)")
         form = forms.get(self.exchange.form, "")
         return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}{form}"
 
@@ -151,10 +164,16 @@ class Communication:
         path, whose fp16 casts happen inside Horovod)."""
         per_step = self.bytes_sent / self.steps if self.steps else 0.0
         seconds = self.exchange.timer.seconds if self.exchange else 0.0
-        return {"bytes_sent_per_step": per_step,
-                "wire_bytes_per_step": self.wire_sent / self.steps if self.steps else 0.0,
-                "compression_ratio": self.values * 4 / per_step if per_step else None,
-                "compression_ms_per_step": 1000 * seconds / self.steps if self.steps else 0.0}
+        out = {"bytes_sent_per_step": per_step,
+               "wire_bytes_per_step": self.wire_sent / self.steps if self.steps else 0.0,
+               "compression_ratio": self.values * 4 / per_step if per_step else None,
+               "compression_ms_per_step": 1000 * seconds / self.steps if self.steps else 0.0}
+        if isinstance(self.exchange, hierarchy.HierarchicalExchange):
+            # what crosses hosts is this rank's shard: its ratio to that shard's float32 bytes
+            cross = self.cross_sent / self.steps if self.steps else 0.0
+            shard = self.exchange.span[1] - self.exchange.span[0]
+            out.update(cross_host_bytes_per_step=cross, compression_ratio=shard * 4 / cross if cross else None)
+        return out
 
     # -- checkpoints: error-feedback residuals (one per rank) and the local SGD counter ---------
     def gather_state(self):

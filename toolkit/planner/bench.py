@@ -187,6 +187,7 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
         rows.append({**summarize(measured), "np": n, "path": measured["path"], "device": measured["device"],
                      "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"],
                      "wire_bytes_per_step": measured["wire_bytes_per_step"],
+                     "cross_host_bytes_per_step": measured.get("cross_host_bytes_per_step"),
                      "compression_ms_per_step": measured["compression_ms_per_step"], "shapes": measured["shapes"]})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps

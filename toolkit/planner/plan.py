@@ -19,7 +19,7 @@ import json
 import statistics
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from toolkit import registry
@@ -31,8 +31,11 @@ from toolkit.planner import scaling, units
 # backend native: plain, and with its fp16 communication hook; the bf16 hook sends the same bytes),
 # then the toolkit's exchanges, then local SGD: the first is the baseline.
 EXCHANGES = registry.TOOLKIT_COMPRESSIONS
+# bf16 and int8 in the exchange's two levels (float32 inside a node, compressed across: hierarchical_exchange)
+LEVELS = ("bf16_hierarchical", "int8_hierarchical")
 DDP = ("ddp", "ddp_fp16")
-METHODS = (*registry.HOROVOD_COMPRESSIONS, "hierarchical", "adasum", "no_fusion", *DDP, *EXCHANGES, "local_sgd")
+METHODS = (*registry.HOROVOD_COMPRESSIONS, "hierarchical", "adasum", "no_fusion", *DDP, *EXCHANGES, *LEVELS,
+           "local_sgd")
 _COMMUNICATION_KEYS = ("compression", "topk_ratio", "powersgd_rank", "powersgd_warmup_steps", "dgc",
                        "dgc_warmup_epochs", "dgc_masking", "error_feedback", "sync", "local_steps",
                        "sync_warmup_steps", "op")
@@ -170,6 +173,9 @@ def methods(config: Config, names: list[str], shapes: list, compression_s: float
             out.append(scaling.with_fusion(method, None if name == "no_fusion" else fusion, cycle))
         elif name in ddp:
             out.append(ddp[name])
+        elif name in LEVELS:
+            flat = record(config, name.split("_")[0], shapes, compression_s)
+            out.append(replace(flat, name=f"{flat.name} hierarchical", hierarchical=True))
         elif name == "local_sgd":
             k = config.local_steps or unset_default("local_steps")
             out.append(scaling.Method(f"local_sgd k={k}", "local_sgd", local_steps=k, lossless=False))

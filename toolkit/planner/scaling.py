@@ -63,6 +63,7 @@ from toolkit.exchange.wire import (
     tree_broadcast,
 )
 
+COLLECTIVES = {"allreduce": ring_allreduce, "allgather": ring_allgather, "alltoall": pairwise_alltoall}
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's default (horovod/common/operations.cc)
 # torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
 # (bucket_cap_mb's default, 25 MiB), as torch/nn/parallel/distributed.py passes them to its Reducer
@@ -94,10 +95,6 @@ class Cluster:
 
     def alltoall(self, size: float, n: int) -> float:
         return pairwise_alltoall(size, n, self.ring_link(n))
-
-    def collective(self, kind: str, size: float, n: int) -> float:
-        """One of the exchange's collectives (`size`: what a rank hands to it)."""
-        return {"allreduce": self.allreduce, "allgather": self.allgather, "alltoall": self.alltoall}[kind](size, n)
 
     def hierarchical_allreduce(self, size: float, n: int) -> float:
         g, m = min(self.gpus_per_node, n), self.nodes(n)
@@ -222,6 +219,7 @@ class Method:
     compress_s: float = 0.0           # compress once per step (exchange)
     decode_s: float = 0.0             # decompress and add one rank's whole payload
     reducible: bool = False           # bf16, int8: the allgather above or the compressed allreduce, the cheaper at N
+    hierarchical: bool = False        # the exchange in two levels (toolkit/exchange/hierarchy.py) across nodes
     local_steps: int = 1
     lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
     note: str = ""
@@ -242,11 +240,33 @@ class Method:
         payload = self.collectives[0][1]
         return (("alltoall", payload), ("allgather", payload / n))
 
+    def calls(self, workload: Workload, cluster: "Cluster", n: int) -> list[tuple[str, float, int, Link]]:
+        """The exchange's collectives at N workers as (kind, bytes a rank hands over, ranks taking part,
+        their link). Flat: `collectives_at`, among all N. Hierarchical across M nodes of G: a float32
+        alltoall of the gradient and an allgather of its G-th among the node's G (the intra-node link),
+        and the compressed exchange of the G-th among the M ranks of each local rank (the inter-node link)."""
+        if (levels := self.levels(cluster, n)) is None:
+            return [(kind, b, n, cluster.ring_link(n)) for kind, b in self.collectives_at(cluster, n)]
+        (g, m), dense = levels, 4.0 * workload.values
+        across = self.shard(g).collectives_at(replace(cluster, gpus_per_node=1), m)
+        return ([("alltoall", dense, g, cluster.intra), ("allgather", dense / g, g, cluster.intra)]
+                + [(kind, b, m, cluster.inter) for kind, b in across])
+
+    def levels(self, cluster: "Cluster", n: int) -> tuple[int, int] | None:
+        """(G ranks a node, M nodes) where the exchange runs hierarchical at N workers, else None (flat)."""
+        g, m = min(cluster.gpus_per_node, n), cluster.nodes(n)
+        return (g, m) if self.hierarchical and g > 1 and m > 1 else None
+
+    def shard(self, g: int) -> "Method":    # one G-th of the gradient: the hierarchical form's part across nodes
+        return replace(self, collectives=tuple((k, b / g) for k, b in self.collectives), compress_s=self.compress_s / g,
+                       decode_s=self.decode_s / g, hierarchical=False)
+
     def bytes_per_step(self, workload: Workload, cluster: "Cluster | None" = None, n: int = 2) -> float:
         """What one worker hands to collectives per step (bytes_sent_per_step's meaning)."""
         if self.kind == "exchange":
-            calls = self.collectives_at(cluster, n) if cluster is not None else self.collectives
-            return float(sum(b for _, b in calls))
+            if cluster is None:
+                return float(sum(b for _, b in self.collectives))
+            return float(sum(b for _, b, _, _ in self.calls(workload, cluster, n)))
         if self.kind == "local_sgd":
             return 4.0 * (workload.state_values or 2 * workload.values) / self.local_steps
         return self.value_bytes * workload.values
@@ -254,7 +274,7 @@ class Method:
     def wire_bytes_per_step(self, workload: Workload, cluster: "Cluster", n: int) -> float:
         """What one worker sends over the links per step (wire_bytes_per_step's meaning: toolkit/exchange/wire.py)."""
         if self.kind == "exchange":
-            return float(sum(wire.sent(kind, b, n) for kind, b in self.collectives_at(cluster, n)))
+            return float(sum(wire.sent(kind, b, among) for kind, b, among, _ in self.calls(workload, cluster, n)))
         return wire.sent("allreduce", self.bytes_per_step(workload), n)
 
 
@@ -298,9 +318,12 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
             end = ddp_comm_end(sizes, [ready[b[-1]] for b in buckets], lambda b: ring_allreduce(b, n, link))
         exposed = max(0.0, end - backward) + wait
     elif method.kind == "exchange":
-        calls = method.collectives_at(cluster, n)
-        comm = sum(cluster.collective(kind, b, n) for kind, b in calls)
-        exposed = comm + exchange_work(calls[0][0] == "alltoall", n, method.compress_s, method.decode_s) + wait
+        calls = method.calls(workload, cluster, n)
+        comm = sum(COLLECTIVES[kind](b, among, link) for kind, b, among, link in calls)
+        levels = method.levels(cluster, n)      # hierarchical: the compression work is on a G-th, among M
+        work, among, first = (method, n, calls[0][0]) if levels is None else (method.shard(levels[0]), levels[1],
+                                                                               calls[2][0])
+        exposed = comm + exchange_work(first == "alltoall", among, work.compress_s, work.decode_s) + wait
     elif method.kind == "local_sgd":
         state = 4.0 * (workload.state_values or 2 * workload.values)
         comm = cluster.allreduce(state, n) / method.local_steps

@@ -107,18 +107,20 @@ class MxnetHorovod(MxnetStrategy, HorovodStrategy):
         return contextlib.nullcontext()
 
     # -- collectives on numpy ---------------------------------------------------------------------------
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
         array = np.ascontiguousarray(array)
-        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average, name=name)
+        out = self.hvd.allreduce(mx.nd.array(array, dtype=array.dtype), average=average, name=name,
+                                 **self.process_set(group))
         return out.asnumpy()
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         array = np.ascontiguousarray(array)
-        return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype)).asnumpy()
+        return self.hvd.allgather(mx.nd.array(array, dtype=array.dtype), **self.process_set(group)).asnumpy()
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         array = np.ascontiguousarray(array)
-        out, _ = self.hvd.alltoall(mx.nd.array(array, dtype=array.dtype), splits=mx.nd.array(splits, dtype="int32"))
+        out, _ = self.hvd.alltoall(mx.nd.array(array, dtype=array.dtype), splits=mx.nd.array(splits, dtype="int32"),
+                                   **self.process_set(group))
         return out.asnumpy()
 
     def broadcast_object(self, obj, name: str, root: int = 0):

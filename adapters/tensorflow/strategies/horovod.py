@@ -92,17 +92,19 @@ class TensorflowHorovod(TensorflowStrategy, HorovodStrategy):
         return [fit.BroadcastCallback(), fit.MetricAverageCallback(), fit.StatisticsCallback(self)]
 
     # -- collectives on numpy -----------------------------------------------------------------------------
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
         import numpy as np
         out = self.hvd.allreduce(tf.constant(np.ascontiguousarray(array)),
-                                 op=self.hvd.Average if average else self.hvd.Sum, name=name)
+                                 op=self.hvd.Average if average else self.hvd.Sum, name=name,
+                                 **self.process_set(group))
         return out.numpy()
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         import numpy as np
-        return self.hvd.allgather(tf.constant(np.ascontiguousarray(array))).numpy()
+        return self.hvd.allgather(tf.constant(np.ascontiguousarray(array)), **self.process_set(group)).numpy()
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         import numpy as np
-        out, _ = self.hvd.alltoall(tf.constant(np.ascontiguousarray(array)), splits=np.asarray(splits, np.int32))
+        out, _ = self.hvd.alltoall(tf.constant(np.ascontiguousarray(array)), splits=np.asarray(splits, np.int32),
+                                   **self.process_set(group))
         return out.numpy()

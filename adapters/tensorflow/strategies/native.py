@@ -182,7 +182,9 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         out = self._process_sum(tf.constant(array))
         return self.tf.experimental_local_results(out)[0].numpy()
 
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
+        if group is not None:
+            raise self.refuse("groups of ranks (the hierarchical exchange)")
         total = self._sum_over_processes(np.ascontiguousarray(array))
         return total / self.size if average else total
 
@@ -201,5 +203,5 @@ class TensorflowNative(TensorflowStrategy, Strategy):
     def broadcast_object(self, obj, name: str, root: int = 0):
         return self.allgather_object(obj if self.rank == root else None, name)[root]
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         raise self.refuse("toolkit exchange")

@@ -101,17 +101,18 @@ class TorchHorovod(TorchStrategy, HorovodStrategy):
         return contextlib.nullcontext() if self._whole else session.optimizer.skip_synchronize()
 
     # -- collectives on numpy arrays (returned as numpy) or on tensors (returned as tensors, on their device) --
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
-        out = self.hvd.allreduce(tensor, op=self.hvd.Average if average else self.hvd.Sum, name=name)
+        out = self.hvd.allreduce(tensor, op=self.hvd.Average if average else self.hvd.Sum, name=name,
+                                 **self.process_set(group))
         return out if torch.is_tensor(array) else out.numpy()
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
-        out = self.hvd.allgather(tensor)
+        out = self.hvd.allgather(tensor, **self.process_set(group))
         return out if torch.is_tensor(array) else out.numpy()
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
-        out, _ = self.hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32))
+        out, _ = self.hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32), **self.process_set(group))
         return out if torch.is_tensor(array) else out.numpy()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +48,7 @@ NO_FORWARD_BUFFER_SYNC: dict[str, Any] = ({"forward_sync_buffers": False} if "fo
 class TorchNative(TorchStrategy, Strategy):
     name = "native"
     collectives = "torch.distributed's"
+    groups = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -206,45 +208,57 @@ class TorchNative(TorchStrategy, Strategy):
         self.steps += 1
 
     # -- collectives ------------------------------------------------------------------------------------------
-    def _group(self, tensor):
-        return self.cpu_group if tensor.device.type == "cpu" else None
+    def new_group(self, ranks: list[int]) -> "Ranks":
+        """torch.distributed.new_group (every rank calls it for every group, member or not), beside a Gloo one
+        for tensors on the CPU where the job runs NCCL."""
+        ranks = list(ranks)
+        cpu = dist.new_group(ranks, backend="gloo") if self.backend != "gloo" else None
+        return Ranks(ranks, dist.new_group(ranks), cpu)
 
-    def allreduce(self, array, average: bool = True, name: str | None = None):
+    def _group(self, tensor, group: "Ranks | None" = None):
+        """(the process group for `tensor`'s device, its size): `group`'s, or every rank's."""
+        cpu = tensor.device.type == "cpu"
+        if group is None:
+            return (self.cpu_group if cpu else None), self.size
+        return (group.cpu or group.group) if cpu else group.group, len(group.ranks)
+
+    def allreduce(self, array, average: bool = True, name: str | None = None, group=None):
         tensor = array.clone() if torch.is_tensor(array) else torch.from_numpy(np.array(array, copy=True))
-        if self.size > 1:
-            dist.all_reduce(tensor, group=self._group(tensor))
+        pg, size = self._group(tensor, group)
+        if size > 1:
+            dist.all_reduce(tensor, group=pg)
         if average:
-            tensor = tensor / self.size if tensor.is_floating_point() else tensor // self.size
+            tensor = tensor / size if tensor.is_floating_point() else tensor // size
         return tensor if torch.is_tensor(array) else tensor.numpy()
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
-        if self.size == 1:
+        pg, size = self._group(tensor, group)
+        if size == 1:
             return array
-        group = self._group(tensor)
         length = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
-        lengths = [torch.zeros_like(length) for _ in range(self.size)]
-        dist.all_gather(lengths, length, group=group)
+        lengths = [torch.zeros_like(length) for _ in range(size)]
+        dist.all_gather(lengths, length, group=pg)
         lengths = [int(n) for n in lengths]
         longest = max(lengths)
         padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         padded[:tensor.shape[0]] = tensor
-        rows = [torch.empty_like(padded) for _ in range(self.size)]
-        dist.all_gather(rows, padded, group=group)
+        rows = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(rows, padded, group=pg)
         out = torch.cat([row[:n] for row, n in zip(rows, lengths)])
         return out if torch.is_tensor(array) else out.numpy()
 
-    def alltoall(self, array, splits: list[int]):
+    def alltoall(self, array, splits: list[int], group=None):
         tensor = array if torch.is_tensor(array) else torch.from_numpy(np.ascontiguousarray(array))
-        if self.size == 1:
+        pg, size = self._group(tensor, group)
+        if size == 1:
             return array
-        group = self._group(tensor)
         sizes = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
         received = torch.empty_like(sizes)
-        dist.all_to_all_single(received, sizes, group=group)        # what each rank will send this one
+        dist.all_to_all_single(received, sizes, group=pg)        # what each rank will send this one
         counts = [int(n) for n in received]
         out = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
-        dist.all_to_all_single(out, tensor.contiguous(), counts, list(splits), group=group)
+        dist.all_to_all_single(out, tensor.contiguous(), counts, list(splits), group=pg)
         return out if torch.is_tensor(array) else out.numpy()
 
     def allgather_object(self, obj, name: str) -> list:
@@ -266,6 +280,14 @@ class TorchNative(TorchStrategy, Strategy):
         self.join_context.__exit__(None, None, None)
         steps = self.allgather_object(self.steps, name="toolkit.join_steps")
         return max(range(self.size), key=lambda r: (steps[r], r))
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """A group of ranks `new_group` made: its process group, and a Gloo one for CPU tensors beside NCCL."""
+    ranks: list[int]
+    group: Any
+    cpu: Any = None
 
 
 def _shutdown() -> None:

@@ -1,0 +1,193 @@
+"""The hierarchical exchange: full precision inside a host, compressed only across hosts.
+
+A link between hosts is several times slower than the links inside one, so compression pays there and
+only there (ZeRO++'s qgZ makes the same split). With K ranks on each of H hosts (ranks host by host, as
+horovodrun, mpirun and torchrun number them), one step is:
+
+1. **Inside the host, a float32 reduce-scatter**: the flat gradient is cut into K shards (whole
+   compression blocks, `GradientExchange.chunks`); an alltoall among the host's ranks gives local rank k
+   every local rank's shard k, which it sums in local-rank order.
+2. **Across hosts, the compressed exchange of that shard**: only ranks with the same local rank take
+   part (H of them); they run the ordinary exchange (toolkit/exchange/exchanges.py: error feedback,
+   the compressed allreduce or the allgather, whichever the model prices cheaper at H) on 1/K of the
+   gradient. A host sends the compressed gradient across once, not K times; with compression none
+   the shard crosses at float32 (the uncompressed baseline of this form).
+3. **Inside the host, an allgather** of the reduced shards: every rank holds the whole mean.
+
+Every rank ends with the same bits: the shards are summed in a fixed order, the exchange across hosts is
+bit-identical on its ranks (exchanges.py), and the allgather copies. Error feedback keeps each rank's
+residual of its own shard (saved as a whole-gradient row, zero outside the shard, so checkpoints keep the
+flat form's shape).
+
+The groups (`Strategy.new_group`: Horovod process sets, torch.distributed groups) are made once, from
+every rank's (local rank, local size); `levels` says why there is no hierarchy where there is none.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from toolkit.errors import ToolkitError
+from toolkit.exchange.exchanges import GradientExchange, make_exchange
+
+
+@dataclass(frozen=True)
+class Levels:
+    """This rank's place in the two levels and the groups' handles."""
+    local_rank: int
+    ranks_per_host: int     # K
+    host: int
+    hosts: int              # H
+    local: Any              # the group of this host's K ranks
+    cross: Any              # the group of the H ranks with this local rank
+
+    @property
+    def world(self) -> int:
+        return self.ranks_per_host * self.hosts
+
+
+def place(places: list[tuple[int, int]]) -> tuple[int, int] | str:
+    """(ranks per host K, hosts H) from every rank's (local_rank, local_size), in rank order, or why
+    the ranks do not form equal hosts numbered host by host."""
+    sizes = {size for _, size in places}
+    if len(sizes) != 1:
+        return f"hosts with different numbers of ranks ({sorted(sizes)})"
+    k = sizes.pop()
+    if len(places) % k or any(local != r % k for r, (local, _) in enumerate(places)):
+        return "ranks not numbered host by host (local rank = rank mod ranks per host)"
+    return k, len(places) // k
+
+
+def levels(session, shape: tuple[int, int]) -> Levels:
+    """The groups of a K x H job (`place`): every rank makes every group, in the same order (the
+    collectives' rule), and keeps its own two."""
+    k, h = shape
+    rank = session.rank
+    local = cross = None
+    for host in range(h):                   # every host's ranks
+        group = session.strategy.new_group([host * k + j for j in range(k)]) if k > 1 else None
+        if host == rank // k:
+            local = group
+    for j in range(k):                      # every local rank's ranks across the hosts
+        group = session.strategy.new_group([host * k + j for host in range(h)]) if h > 1 else None
+        if j == rank % k:
+            cross = group
+    return Levels(rank % k, k, rank // k, h, local, cross)
+
+
+def make(config, session, ops, values: int) -> HierarchicalExchange | None:
+    """The hierarchical exchange for this job, or None where the flat one runs: `hierarchical_exchange` unset
+    (auto) and the job on one host, or one rank a host, or a strategy without groups. Collective."""
+    asked = config.hierarchical_exchange is True
+    if not session.strategy.groups:
+        if asked:
+            raise session.strategy.refuse("groups of ranks (hierarchical_exchange: true)")
+        return None
+    places = session.allgather_object((session.local_rank, session.local_size), name="toolkit.hierarchy")
+    shape = place(places)
+    if isinstance(shape, str):
+        if asked:
+            raise ToolkitError(f"hierarchical_exchange: true needs equal hosts numbered host by host, but this job has {shape}; "
+                               "launch the same number of ranks on each host, or drop hierarchical_exchange")
+        return None
+    if not asked and 1 in shape:        # one host, or one rank a host: nothing to split
+        return None
+    cross = make_exchange(config, ops)
+    average, cross.average = cross.average, False       # the shards' sum across hosts; divided by N after
+    return HierarchicalExchange(cross, levels(session, shape), average, values)
+
+
+class Group:
+    """The session's collectives among one group's ranks, as GradientExchange calls them."""
+
+    def __init__(self, session, group, rank: int):
+        self.session, self.group, self.rank = session, group, rank
+
+    def allgather(self, array):
+        return self.session.allgather(array, group=self.group)
+
+    def alltoall(self, array, splits):
+        return self.session.alltoall(array, splits, group=self.group)
+
+    def allreduce(self, array, average: bool = True):
+        return self.session.allreduce(array, average=average, group=self.group)
+
+
+class HierarchicalExchange:
+    """`cross` (a GradientExchange that sums, average=False) runs on each rank's shard across hosts;
+    this class does the two steps inside the host around it. Communication reads the same attributes
+    as from a GradientExchange (calls, timer, compressor, error_feedback, state)."""
+
+    form = "hierarchical"
+
+    def __init__(self, cross: GradientExchange, levels: Levels, average: bool, values: int):
+        self.cross, self.levels, self.average, self.n = cross, levels, average, values
+        self.ops = cross.ops
+        self.calls: list = []
+        # this rank's shard of the flat gradient (`values` long)
+        self.span = cross.chunks(values, levels.ranks_per_host)[levels.local_rank]
+
+    # what Communication reads, the cross exchange's
+    @property
+    def compressor(self):
+        return self.cross.compressor
+
+    @property
+    def error_feedback(self) -> bool:
+        return self.cross.error_feedback
+
+    @property
+    def timer(self):
+        return self.cross.timer
+
+    @property
+    def cross_form(self) -> str:
+        """How the shards cross the hosts: "allreduce" (float32), "reduce" or "allgather" (compressed)."""
+        if self.cross.compressor.name == "none":
+            return "allreduce"
+        return self.cross.form or "allgather"
+
+    def exchange(self, grads, session, world_size: int) -> list:
+        ops, lv = self.ops, self.levels
+        n = sum(math.prod(ops.shape(g)) for g in grads)
+        flat = ops.flatten(grads)
+        chunks = self.cross.chunks(n, lv.ranks_per_host)
+        a, e = chunks[lv.local_rank]
+        shard = self.cross._buffer(e - a)          # the cross exchange owns it (its next residual)
+        local = Group(session, lv.local, lv.local_rank)
+        if lv.ranks_per_host > 1:
+            splits = [end - start for start, end in chunks]
+            received = local.alltoall(flat, splits)
+            m = e - a
+            shard[:] = received[:m]
+            for j in range(1, lv.ranks_per_host):
+                shard += received[j * m:(j + 1) * m]
+        else:
+            shard[:] = flat
+        inside = [("alltoall", 4 * n, lv.ranks_per_host, "host")] if lv.ranks_per_host > 1 else []
+        reduced = self.cross.exchange_flat(shard, Group(session, lv.cross, lv.host), lv.hosts)
+        across = [(kind, nbytes, lv.hosts, "cross") for kind, nbytes in self.cross.calls]
+        if self.average:
+            reduced = reduced / lv.world
+        if lv.ranks_per_host > 1:
+            whole = local.allgather(reduced)
+            inside.append(("allgather", 4 * (e - a), lv.ranks_per_host, "host"))
+        else:
+            whole = reduced
+        self.calls = inside + across
+        return ops.unflatten(whole, grads)
+
+    # -- checkpoints: this rank's residuals as whole-gradient rows (zero outside its shard) ----------------
+    def state(self) -> dict:
+        out = {}
+        a, e = self.span
+        for name, buf in self.cross.state().items():
+            row = self.ops.zeros(self.n)
+            row[a:e] = buf
+            out[name] = row
+        return out
+
+    def load_state(self, state: dict) -> None:
+        a, e = self.span
+        self.cross.load_state({name: self.ops.cat([row[a:e]]) for name, row in state.items()})
