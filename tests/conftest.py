@@ -135,9 +135,9 @@ EXIT_ABORT = "terminate called without an active exception"
 
 def run_native(argv, **kw) -> subprocess.CompletedProcess:
     """run() for a user's own script on torch's native backend. torch 2.14 keeps the Gloo process group alive
-    past destroy_process_group once DDP or FSDP was built on it (its threads still run at exit), and such a
-    process, rarely, aborts in its exit after its work is done (docs/NATIVE.md, "Known limits"): seen in 2 of
-    about 100 such runs in one CI run, 0 of 178 in loops here. That run is repeated once; a second abort, or any
+    past destroy_process_group once DDP was built on it (its threads still run at exit), and such a
+    process, rarely, aborts in its exit after its work is done (docs/NATIVE.md, "Known limits"): two such runs
+    aborted in one CI run (1,012 tests), none of 119 in loops here. That run is repeated once; a second abort, or any
     other failure, fails the test. The toolkit's own commands end without Python's teardown and never abort."""
     proc = run(argv, **kw)
     if proc.returncode != 0 and EXIT_ABORT in proc.stderr:
