@@ -565,6 +565,9 @@ MUTANTS = [
            (("toolkit/planner/scaling.py", "        return (g, m) if self.hierarchical and g > 1 and m > 1 else None",
              "        return None"),),
            (f"{TS}::test_the_hierarchical_exchange_is_priced_on_both_links",)),
+    Mutant("plan-no-fp16-crossing", "toolkit plan prints where each method beats fp16, not only none",
+           (("toolkit/planner/plan.py", "    if against_fp16:\n        print(", "    if False:\n        print("),),
+           (f"{TS}::test_plan_prices_the_hierarchical_rows_and_the_links_where_each_beats_fp16",)),
 ]
 
 

@@ -329,6 +329,24 @@ def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
     assert result["rows"]["ddp"][0]["bytes_per_step"] == 4 * values
 
 
+def test_plan_prices_the_hierarchical_rows_and_the_links_where_each_beats_fp16(tmp_path):
+    """`toolkit plan` with fp16 among the methods prints a second crossing table against it and writes it;
+    the hierarchical rows hand the float32 inside the node to collectives as well."""
+    bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
+             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024], [10, 1024], [10]]}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "8,64", "--methods", "none,fp16,int8,int8_hierarchical",
+                   "--compression-ms", "0", "--out", str(tmp_path / "plan"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| beats none when the link is below |" in proc.stdout
+    assert "| beats fp16 when the link is below |" in proc.stdout
+    result = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert set(result["beats_fp16_below_bytes_per_s"]) == {"none", "int8", "int8 hierarchical"}
+    flat, hier = result["rows"]["int8"], result["rows"]["int8 hierarchical"]
+    assert hier[0]["bytes_per_step"] == flat[0]["bytes_per_step"]      # one node of 8: the flat form
+    assert hier[1]["bytes_per_step"] > flat[1]["bytes_per_step"] and hier[1]["efficiency"] >= flat[1]["efficiency"]
+
+
 @pytest.mark.parametrize("text, expected", [
     ("25gbit", 25e9 / 8), ("100Mbit/s", 100e6 / 8), ("10gbps", 10e9 / 8), ("300GB/s", 300e9), ("12.5GB", 12.5e9)])
 def test_bandwidth_units(text, expected):

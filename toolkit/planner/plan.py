@@ -207,10 +207,10 @@ def table(plan: scaling.Plan, samples_per_step: int) -> str:
     return "\n".join(lines)
 
 
-def crossing_table(plan: scaling.Plan, crossings: dict) -> str:
-    """Per method and N: the link speed below which it beats the first method (none), the link the ring
-    crosses varied alone."""
-    first = plan.methods[0].name
+def crossing_table(plan: scaling.Plan, crossings: dict, base: str | None = None) -> str:
+    """Per method and N: the link speed below which it beats `base` (the first method, none), the link the
+    ring crosses varied alone."""
+    first = base or plan.methods[0].name
     lines = [f"| beats {first} when the link is below | " + " | ".join(f"{n} GPUs" for n in plan.gpus) + " |",
              "|" + "---|" * (1 + len(plan.gpus))]
 
@@ -269,12 +269,17 @@ def run(config: Config, worker: OneWorker, cluster: scaling.Cluster, gpus: list[
               f"--compression-ms gives it for your device)")
     crossings = plan.crossings()
     print(crossing_table(plan, crossings))
+    # against the best 16-bit baseline too, where the plan has it and it is not the first
+    against_fp16 = plan.crossings("fp16") if "fp16" in names and plan.methods[0].name != "fp16" else None
+    if against_fp16:
+        print(crossing_table(plan, against_fp16, "fp16"))
     print(f"recommended: {pick.name}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps({
         "title": title, "recommended": pick.name, "engine": pick.engine, "reason": why, "gpus": gpus,
         "engines": {m.name: m.engine for m in plan.methods},
         "beats_first_below_bytes_per_s": crossings,
+        **({"beats_fp16_below_bytes_per_s": against_fp16} if against_fp16 else {}),
         "rows": {m.name: [dict(c.__dict__, efficiency=c.efficiency,
                                samples_per_s=c.n * worker.samples_per_step / c.step_s) for c in plan.rows[m.name]]
                  for m in plan.methods}}, indent=1) + "\n")

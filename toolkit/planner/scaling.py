@@ -389,12 +389,12 @@ class Plan:
         self.rows = {m.name: [step_time(self.workload, m, self.cluster, n) for n in self.gpus] for m in self.methods}
         return self
 
-    def crossings(self) -> dict:
-        """{method name: [link bandwidth below which it beats the first method (none), per N]} (bytes/s;
-        None: not even at 1 Mbit/s)."""
-        base = self.methods[0]
+    def crossings(self, base_name: str | None = None) -> dict:
+        """{method name: [link bandwidth below which it beats `base_name` (the first method: none), per N]}
+        (bytes/s; None: not even at 1 Mbit/s)."""
+        base = next(m for m in self.methods if m.name == base_name) if base_name else self.methods[0]
         return {m.name: [crossing(self.workload, m, base, self.cluster, n) for n in self.gpus]
-                for m in self.methods[1:]}
+                for m in self.methods if m is not base}
 
     def recommend(self, tolerance: float = 0.05) -> tuple[Method, str]:
         """The fastest method at the largest N, unless a lossless one is within `tolerance` of it (the
