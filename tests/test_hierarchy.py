@@ -145,3 +145,16 @@ def test_place_reads_hosts_from_the_ranks_local_ranks():
     assert "different numbers" in hierarchy.place([(0, 2), (1, 2), (0, 1)])
     assert "host by host" in hierarchy.place([(0, 2), (0, 2), (1, 2), (1, 2)])
 
+
+
+@pytest.mark.parametrize("name", ["bf16", "int8", "none"])
+@pytest.mark.parametrize("n", [3, 100])
+def test_a_gradient_smaller_than_a_block_a_rank_still_reduces(ops, name, n):
+    """Fewer 256-value blocks than ranks on a host: some shards are empty; every rank still applies the same
+    mean, within the compression's error, over two steps (error feedback on the shards that are not empty)."""
+    grads = [[np.random.RandomState(10 * t + r).randn(n).astype(np.float32) for r in range(4)] for t in range(2)]
+    results = run(ops, 2, 2, name, grads, steps=2)
+    assert all(np.array_equal(results[0][0], r[0]) for r in results[1:])
+    assert np.abs(results[0][0] - sum(sum(g) / 4 for g in grads)).max() < 0.05
+    spans = [results[r][1].span for r in (0, 1)]        # a host's two shards cover the gradient once
+    assert spans[0][0] == 0 and spans[0][1] == spans[1][0] and spans[1][1] == n
