@@ -60,7 +60,7 @@ def worker(out: str, sizes: list[int], rounds: int) -> None:
     for i in range(5):                  # the first collectives after init are slower (connections, buffers)
         hvd.allreduce(torch.ones(1024), name=f"warm.{i}")
     samples = []
-    for kind in ("allreduce", "allgather"):
+    for kind in ("allreduce", "allgather", "alltoall"):
         for size in sizes:
             x = torch.ones(size // 4)
             times = []
@@ -69,8 +69,10 @@ def worker(out: str, sizes: list[int], rounds: int) -> None:
                 t0 = time.perf_counter()
                 if kind == "allreduce":
                     hvd.allreduce(x, op=hvd.Sum, name=f"{kind}.{size}")
-                else:
+                elif kind == "allgather":
                     hvd.allgather(x, name=f"{kind}.{size}")
+                else:               # equal parts for every rank: the whole buffer crosses (N-1)/N
+                    hvd.alltoall(x[:len(x) // hvd.size() * hvd.size()], name=f"{kind}.{size}")
                 slowest = max(hvd.allgather_object(time.perf_counter() - t0, name=f"t.{kind}.{size}.{i}"))
                 if i:
                     times.append(slowest)
@@ -108,7 +110,10 @@ def fit_link(name: str, samples: list[dict], out: Path, shaped: bool = False) ->
     link is fitted on the messages larger than twice the burst (all are kept in the file)."""
     objs = [calibration.Sample(**s) for s in samples if not shaped or s["nbytes"] > 2 * BURST]
     link = calibration.fit(objs)
+    kinds = {kind: {"alpha": k.alpha, "bandwidth": k.bandwidth, "overhead": k.overhead}
+             for kind, k in calibration.fit_kinds(objs).items()}
     result = {"link": name, "inter": {"alpha": link.alpha, "bandwidth": link.bandwidth, "overhead": link.overhead},
+              "kinds": kinds,
               "fit_error": calibration.fit_error(link, objs), "samples": samples,
               "measured": date.today().isoformat()}
     (out / f"calibration-{name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -85,6 +85,38 @@ def test_calibration_fits_synthetic_alpha_and_beta_within_5_percent():
         calibration.fit([calibration.Sample("allreduce", 2, 1e6, 1.0), calibration.Sample("allreduce", 2, 1e6, 1.1)])
 
 
+def test_calibration_learns_each_collective_kind_apart_and_the_plan_prices_with_it(tmp_path):
+    """Allgather and alltoall timed at their own speeds (Gloo's allgather ~2.5x slower a byte than its allreduce
+    here): `fit_kinds` finds each kind's link within 5%; a cluster given them prices a flat int8 allgather on the
+    allgather's link (and a crossing scales them all with the link); `toolkit plan --calibration` reads them."""
+    truths = {"allreduce": wire.Link(40e-6, 1.2e9, 1e-3), "allgather": wire.Link(60e-6, 0.48e9, 1e-3),
+              "alltoall": wire.Link(50e-6, 0.8e9, 1e-3)}
+    samples = [s for kind, truth in truths.items() for s in synthetic(truth, kinds=(kind,), noise=0.01)]
+    kinds = calibration.fit_kinds(samples)
+    assert set(kinds) == set(truths)
+    for kind, truth in truths.items():
+        assert kinds[kind].bandwidth == pytest.approx(truth.bandwidth, rel=0.05), kind
+    work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 4)
+    flat = scaling.Cluster(1, truths["allreduce"], wire.Link(1e-6, 300e9))
+    calibrated = scaling.Cluster(1, truths["allreduce"], wire.Link(1e-6, 300e9), kinds)
+    gathered = scaling.Method("int8", "exchange", collectives=(("allgather", 4e6),))
+    assert scaling.step_time(work, gathered, calibrated, 4).step_s == pytest.approx(
+        0.1 + wire.ring_allgather(4e6, 4, kinds["allgather"]))
+    assert scaling.step_time(work, gathered, calibrated, 4).step_s > scaling.step_time(work, gathered, flat, 4).step_s
+    halved = calibrated.with_bandwidth(4, truths["allreduce"].bandwidth / 2)
+    assert halved.kinds["allgather"].bandwidth == pytest.approx(kinds["allgather"].bandwidth / 2)
+    bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
+             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024]]}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    link = {"alpha": 40e-6, "bandwidth": 1.2e9, "overhead": 1e-3}
+    (tmp_path / "cal.json").write_text(json.dumps({"inter": link, "kinds": {"allgather": {**link, "bandwidth": 0.48e9}}}))
+    proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "2,4", "--gpus-per-node", "1", "--methods", "none,int8",
+                   "--calibration", str(tmp_path / "cal.json"), "--compression-ms", "0", "--out", str(tmp_path / "p"),
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "; allgather 3.84 Gbit/s" in proc.stdout, proc.stdout[:600]
+
+
 def test_overlap_fusion_and_cycles():
     cost = lambda b: 1e-3 + b / 1e9                       # noqa: E731
     tick = 0.5e-3                                         # Horovod's 1 ms cycles, ticking half a cycle in

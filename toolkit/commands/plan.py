@@ -55,19 +55,22 @@ def cluster_from(args):
                       units.parse_bandwidth(args.inter_node, "--inter-node"))
     intra = wire.Link(units.parse_duration(args.intra_latency, "--intra-latency"),
                       units.parse_bandwidth(args.intra_node, "--intra-node"))
+    kinds: dict = {}        # a calibration's links between nodes, per collective kind
     words = (f"{args.gpus_per_node} GPUs a node, {units.format_bandwidth(inter.bandwidth)} and "
              f"{units.format_duration(inter.alpha)} between nodes, {units.format_bandwidth(intra.bandwidth)} within")
     if args.calibration:
         try:
             data = json.loads(Path(args.calibration).read_text())
             inter = _link(data["inter"])
+            kinds = {kind: _link(link) for kind, link in data.get("kinds", {}).items()}
             if "intra" in data:
                 intra = _link(data["intra"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ToolkitError(f"--calibration {args.calibration}: not a calibration file ({e}); make one with "
                                f"benchmarks/scaling_calibrate.py") from None
         words = (f"{args.gpus_per_node} GPUs a node, calibrated ({args.calibration}): "
-                 f"{units.format_bandwidth(inter.bandwidth)}, {units.format_duration(inter.alpha)} a message")
+                 f"{units.format_bandwidth(inter.bandwidth)}, {units.format_duration(inter.alpha)} a message"
+                 + "".join(f"; {kind} {units.format_bandwidth(k.bandwidth)}" for kind, k in sorted(kinds.items())))
     if args.step_ms is not None and not args.step_ms > 0:
         raise ToolkitError(f"--step-ms {args.step_ms:g}: must be more than 0 (one worker's step in milliseconds)")
     if not 0 <= args.straggle < 1:
@@ -76,7 +79,7 @@ def cluster_from(args):
         raise ToolkitError(f"--backward-fraction {args.backward_fraction:g}: must be in [0, 1], e.g. 0.67")
     if args.compression_ms is not None and args.compression_ms < 0:
         raise ToolkitError(f"--compression-ms {args.compression_ms:g}: must be 0 or more")
-    return scaling.Cluster(args.gpus_per_node, inter, intra), gpus, words
+    return scaling.Cluster(args.gpus_per_node, inter, intra, kinds), gpus, words
 
 
 def run(args) -> int:

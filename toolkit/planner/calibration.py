@@ -12,7 +12,8 @@ from toolkit.exchange.wire import Link
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured collective: kind ('allreduce' | 'allgather'), ranks, bytes (allgather: per rank), seconds."""
+    """One measured collective: kind ('allreduce' | 'allgather' | 'alltoall'), ranks, bytes (allgather: per rank;
+    alltoall: the whole buffer a rank hands over), seconds."""
     kind: str
     n: int
     nbytes: float
@@ -41,6 +42,17 @@ def fit(samples: list[Sample]) -> Link:
     if inverse_bw <= 0:
         raise ToolkitError("calibration: the fitted bandwidth is not positive; time larger messages")
     return Link(alpha=max(alpha, 0.0), bandwidth=1.0 / inverse_bw, overhead=max(overhead, 0.0))
+
+
+def fit_kinds(samples: list[Sample]) -> dict[str, Link]:
+    """One link per collective kind that the samples time at two sizes or more (`fit` on that kind's
+    samples): what a kind costs a byte apart from the others (Gloo's allgather against its allreduce)."""
+    out = {}
+    for kind in sorted({s.kind for s in samples}):
+        mine = [s for s in samples if s.kind == kind and s.n > 1 and s.seconds > 0]
+        if len({s.nbytes for s in mine}) >= 2:
+            out[kind] = fit(mine)
+    return out
 
 
 def _least_squares(x: list[list[float]], y: list[float]) -> list[float]:

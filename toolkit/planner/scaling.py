@@ -60,52 +60,14 @@ from toolkit.exchange.wire import (
     pairwise_alltoall,
     ring_allgather,
     ring_allreduce,
-    tree_broadcast,
 )
+from toolkit.planner.cluster import Cluster
 
 COLLECTIVES = {"allreduce": ring_allreduce, "allgather": ring_allgather, "alltoall": pairwise_alltoall}
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's default (horovod/common/operations.cc)
 # torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
 # (bucket_cap_mb's default, 25 MiB), as torch/nn/parallel/distributed.py passes them to its Reducer
 DDP_BUCKET_LIMITS = (1024 * 1024, 25 * 1024 * 1024)
-
-
-# -- a cluster ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cluster:
-    gpus_per_node: int
-    inter: Link           # between nodes (one link per node)
-    intra: Link           # between the GPUs of one node
-
-    def nodes(self, n: int) -> int:
-        return math.ceil(n / self.gpus_per_node)
-
-    def ring_link(self, n: int) -> Link:
-        return self.inter if self.nodes(n) > 1 else self.intra
-
-    def allreduce(self, size: float, n: int) -> float:
-        return ring_allreduce(size, n, self.ring_link(n))
-
-    def allgather(self, size_per_rank: float, n: int) -> float:
-        return ring_allgather(size_per_rank, n, self.ring_link(n))
-
-    def broadcast(self, size: float, n: int) -> float:
-        return tree_broadcast(size, n, self.ring_link(n))
-
-    def alltoall(self, size: float, n: int) -> float:
-        return pairwise_alltoall(size, n, self.ring_link(n))
-
-    def hierarchical_allreduce(self, size: float, n: int) -> float:
-        g, m = min(self.gpus_per_node, n), self.nodes(n)
-        within = 0.0 if g <= 1 else self.intra.cost(g - 1, (g - 1) / g * size)    # reduce-scatter; allgather
-        return 2 * within + ring_allreduce(size, m, self.inter)
-
-    def adasum(self, size: float, n: int) -> float:
-        g, m = min(self.gpus_per_node, n), self.nodes(n)
-        within = 0.0 if g <= 1 else self.intra.cost(g - 1, (g - 1) / g * size)
-        across = 0.0 if m <= 1 else self.inter.cost(2 * math.ceil(math.log2(m)), 2 * (m - 1) / m * size)
-        return 2 * within + across
 
 
 # -- one step ----------------------------------------------------------------------------------------
@@ -246,11 +208,11 @@ class Method:
         alltoall of the gradient and an allgather of its G-th among the node's G (the intra-node link),
         and the compressed exchange of the G-th among the M ranks of each local rank (the inter-node link)."""
         if (levels := self.levels(cluster, n)) is None:
-            return [(kind, b, n, cluster.ring_link(n)) for kind, b in self.collectives_at(cluster, n)]
+            return [(kind, b, n, cluster.ring_link(n, kind)) for kind, b in self.collectives_at(cluster, n)]
         (g, m), dense = levels, 4.0 * workload.values
         across = self.shard(g).collectives_at(replace(cluster, gpus_per_node=1), m)
         return ([("alltoall", dense, g, cluster.intra), ("allgather", dense / g, g, cluster.intra)]
-                + [(kind, b, m, cluster.inter) for kind, b in across])
+                + [(kind, b, m, cluster.across(kind)) for kind, b in across])
 
     def levels(self, cluster: "Cluster", n: int) -> tuple[int, int] | None:
         """(G ranks a node, M nodes) where the exchange runs hierarchical at N workers, else None (flat)."""
@@ -309,7 +271,7 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
             end = horovod_comm_end(sizes, backward, lambda b: reduce_cost(b, n), method.fusion_bytes,
                                    method.cycle_s, workload.ready)
         else:
-            link = replace(cluster.ring_link(n), overhead=0.0)    # no negotiation: DDP launches its ring directly
+            link = replace(cluster.ring_link(n, "allreduce"), overhead=0.0)    # no negotiation: DDP launches its ring directly
             grads = [4.0 * v for v in workload.tensor_values]     # float32 gradients fill the buckets
             ready = ready_times(grads, backward, workload.ready)
             buckets = ddp_buckets(grads, method.bucket_limits)
@@ -349,9 +311,7 @@ def _fused(sizes: list[float], fusion: float) -> list[float]:
 
 def with_bandwidth(cluster: Cluster, n: int, bandwidth: float) -> Cluster:
     """The cluster with the link N workers' ring crosses set to `bandwidth` (bytes/s)."""
-    if cluster.nodes(n) > 1:
-        return replace(cluster, inter=replace(cluster.inter, bandwidth=bandwidth))
-    return replace(cluster, intra=replace(cluster.intra, bandwidth=bandwidth))
+    return cluster.with_bandwidth(n, bandwidth)
 
 
 def crossing(workload: Workload, method: Method, base: Method, cluster: Cluster, n: int,
