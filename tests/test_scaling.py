@@ -105,9 +105,7 @@ def test_calibration_learns_each_collective_kind_apart_and_the_plan_prices_with_
     assert scaling.step_time(work, gathered, calibrated, 4).step_s > scaling.step_time(work, gathered, flat, 4).step_s
     halved = calibrated.with_bandwidth(4, truths["allreduce"].bandwidth / 2)
     assert halved.kinds["allgather"].bandwidth == pytest.approx(kinds["allgather"].bandwidth / 2)
-    bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
-             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024]]}]}
-    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    stand_in_bench(tmp_path, [[1024, 1024], [1024]])
     link = {"alpha": 40e-6, "bandwidth": 1.2e9, "overhead": 1e-3}
     (tmp_path / "cal.json").write_text(json.dumps({"inter": link, "kinds": {"allgather": {**link, "bandwidth": 0.48e9}}}))
     proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "2,4", "--gpus-per-node", "1", "--methods", "none,int8",
@@ -345,10 +343,15 @@ def test_the_recommendation_names_the_faster_engine():
     assert "engine" not in why
 
 
-def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
+def stand_in_bench(folder, shapes=([1024, 1024], [1024], [10, 1024], [10])) -> None:
+    """A bench.json `toolkit plan --bench` reads: one worker, 320 samples/s at batch 32, these gradient shapes."""
     bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
-             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024], [10, 1024], [10]]}]}
-    (tmp_path / "bench.json").write_text(json.dumps(bench))
+             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [list(s) for s in shapes]}]}
+    (folder / "bench.json").write_text(json.dumps(bench))
+
+
+def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
+    stand_in_bench(tmp_path)
     proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "8,64", "--methods", "none,ddp,ddp_fp16",
                    "--compression-ms", "0", "--out", str(tmp_path / "plan"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -364,9 +367,7 @@ def test_plan_prints_and_writes_the_ddp_rows(tmp_path):
 def test_plan_prices_the_hierarchical_rows_and_the_links_where_each_beats_fp16(tmp_path):
     """`toolkit plan` with fp16 among the methods prints a second crossing table against it and writes it;
     the hierarchical rows hand the float32 inside the node to collectives as well."""
-    bench = {"title": "a stand-in bench", "config": {"batch_size": 32},
-             "rows": [{"workers": 1, "per_worker": 320.0, "shapes": [[1024, 1024], [1024], [10, 1024], [10]]}]}
-    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    stand_in_bench(tmp_path)
     proc = toolkit("plan", "--bench", str(tmp_path), "--gpus", "8,64", "--methods", "none,fp16,int8,int8_hierarchical",
                    "--compression-ms", "0", "--out", str(tmp_path / "plan"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
