@@ -57,22 +57,24 @@ def apply_horovod_tuning(config, default_fusion_mb: float | None = None) -> None
         os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(int(config.stall_check_seconds))
 
 
-def launcher_local_size() -> int:
-    """Ranks on this host, from the launcher's environment (for settings made before hvd.init)."""
-    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
-
-
-def launcher_size() -> int | None:
-    """Ranks in the job, from the launcher's environment (before hvd.init); None where no launcher says."""
-    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+def _launcher_count(names: tuple[str, ...]) -> int | None:
+    """The first of the launchers' variables `names` set to a positive count (before hvd.init), or None."""
+    for name in names:
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
     return None
+
+
+def launcher_local_size() -> int:
+    """Ranks on this host, from the launcher's environment (for settings made before hvd.init)."""
+    return _launcher_count(("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                            "SLURM_NTASKS_PER_NODE")) or 1
+
+
+def launcher_size() -> int | None:
+    """Ranks in the job, from the launcher's environment (before hvd.init); None where no launcher says."""
+    return _launcher_count(("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"))
 
 
 def threads_per_rank(local_size: int | None = None) -> int:
@@ -170,8 +172,7 @@ class HorovodStrategy(Strategy):
         return self.hvd
 
     def new_group(self, ranks: list[int]):
-        """A Horovod process set (Horovod started with dynamic process sets where the config may ask for
-        groups: `start_horovod`)."""
+        """A Horovod process set (where Horovod started with dynamic process sets: `_dynamic`)."""
         if not self.groups:
             raise self.refuse("groups of ranks (Horovod started without dynamic process sets)")
         if sorted(ranks) == list(range(self.hvd.size())):

@@ -20,7 +20,7 @@ residual of its own shard (saved as a whole-gradient row, zero outside the shard
 flat form's shape).
 
 The groups (`Strategy.new_group`: Horovod process sets, torch.distributed groups) are made once, from
-every rank's (local rank, local size); `levels` says why there is no hierarchy where there is none.
+every rank's (local rank, local size); `place` says why there is no hierarchy where there is none.
 """
 from __future__ import annotations
 
