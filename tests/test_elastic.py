@@ -51,8 +51,9 @@ class Lines:
             self.lines.append(None)
             self._cv.notify_all()
 
-    def wait(self, predicate, what: str, timeout: float = 120):
-        deadline, seen = time.monotonic() + timeout, 0
+    def wait(self, predicate, what: str, timeout: float = 120, since: int = 0):
+        """The first non-None predicate(line) among lines from index `since` on, waiting up to timeout s."""
+        deadline, seen = time.monotonic() + timeout, since
         with self._cv:
             while True:
                 for line in self.lines[seen:]:
