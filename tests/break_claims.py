@@ -571,6 +571,21 @@ MUTANTS = [
     Mutant("plan-no-fp16-crossing", "toolkit plan prints where each method beats fp16, not only none",
            (("toolkit/planner/plan.py", "    if against_fp16:\n        print(", "    if False:\n        print("),),
            (f"{TS}::test_plan_prices_the_hierarchical_rows_and_the_links_where_each_beats_fp16",)),
+    Mutant("buckets-unaligned", "the exchange in buckets applies the whole gradient's exchange's values",
+           (("toolkit/exchange/buckets.py", "        start = max(0, (math.ceil(end / block) - cap // block) * block)",
+             "        start = max(0, end - cap)"),),
+           ("tests/test_buckets.py::test_buckets_apply_the_whole_exchanges_values_bit_for_bit",)),
+    Mutant("buckets-never-early", "the backward pass's hooks start the buckets' exchanges",
+           (("toolkit/exchange/buckets.py", "        if not self._armed:\n            return\n",
+             "        return\n"),),
+           ("tests/test_buckets.py::test_buckets_apply_the_whole_exchanges_values_bit_for_bit",
+            f"{C}::test_compressed_allreduce_on_three_ranks[torch]")),
+    Mutant("buckets-every-micro-batch", "with accumulation only the last micro-batch's backward starts the buckets",
+           (("toolkit/exchange/buckets.py", "        self._armed = on\n", "        self._armed = True\n"),),
+           ("tests/test_buckets.py::test_a_backward_pass_that_is_not_the_last_micro_batch_starts_nothing",)),
+    Mutant("overlap-arms-every-micro-batch", "with overlap and accumulation the step exchanges the summed micro-batches",
+           (("adapters/torch/session.py", "        self._arm(self.micro == k - 1)\n", "        self._arm(True)\n"),),
+           (f"{A}::test_accumulation_equals_one_large_batch",)),
 ]
 
 

@@ -55,6 +55,11 @@ def test_accumulation_equals_one_large_batch(fw, tmp_path):
     large = user_loop(fw, tmp_path / "big.json", *common, "--batch-size", "32", ranks=1)
     assert small["steps"] == large["steps"] == 512 // 32
     assert max_diff(small["weights"], large["weights"]) < 1e-6
+    # the toolkit's float32 exchange in buckets beside the backward pass: only the last micro-batch's starts them
+    buckets = user_loop(fw, tmp_path / "buckets.json", *common, "--batch-size", "8", "--accumulation-steps", "2",
+                        "--set", "hierarchical_exchange=true", "--set", "overlap=true", "--set", "bucket_mb=0.001")
+    assert buckets["summary"]["overlapped_buckets_per_step"] == 3, buckets["summary"]     # 676 values, 256 a bucket
+    assert max_diff(buckets["weights"], large["weights"]) < 1e-6
     other = user_loop(fw, tmp_path / "other.json", *common, "--batch-size", "16", ranks=1)
     assert max_diff(other["weights"], large["weights"]) > 1e-3, "the comparison must be able to fail"
 

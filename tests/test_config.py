@@ -341,3 +341,14 @@ def test_config_is_composed_from_the_groups_and_complete_on_construction():
     topk = dataclasses.replace(Config(), compression=config.Compression.TOPK)
     assert topk.topk_ratio == config.unset_default("topk_ratio") == 0.01
     assert Config(sync=Sync.LOCAL_SGD).local_steps == config.unset_default("local_steps")
+
+
+def test_overlap_is_refused_in_one_line_where_it_cannot_run():
+    """overlap: true needs torch's gradient hooks and an exchange that splits at any block; bucket_mb > 0."""
+    assert "overlap: true is torch's" in _error(args={"framework": "mxnet", "compression": "int8", "overlap": "true"},
+                                                environ={})
+    assert "got compression='topk'" in _error(args={"compression": "topk", "overlap": "true"}, environ={})
+    assert "got compression='none'" in _error(args={"overlap": "true"}, environ={})
+    assert "bucket_mb=0.0" in _error(args={"bucket_mb": "0"}, environ={})
+    ok = config.resolve(args={"compression": "int8", "overlap": "true", "bucket_mb": "0.5"}, environ={})
+    assert ok.overlap is True and ok.overlap_capable

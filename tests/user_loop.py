@@ -157,7 +157,8 @@ def finish(session, a, initial, seen, n, **extra) -> int:
         np.savez(a.out + ".npz", *weights)
         np.savez(a.out + ".state.npz", *state)
         Path(a.out).write_text(json.dumps({"initial_digests": initial, "final_digests": final, "n": n,
-                                           "seen": seen_all, "steps": session.global_step, **extra}))
+                                           "seen": seen_all, "steps": session.global_step,
+                                           "summary": session.communication.summary(), **extra}))
     return 0
 
 

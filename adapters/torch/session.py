@@ -117,10 +117,29 @@ class TorchSession(Session):
         return torch.no_grad()
 
     # -- the step -----------------------------------------------------------------------------------
+    gradient_hooks = True       # the toolkit's exchange may start in buckets from gradient hooks (overlap)
+
+    def setup(self, model, optimizer=None, loss=None):
+        out = super().setup(model, optimizer, loss)
+        comm = self.parts[-1].communication
+        if comm is not None and comm.overlapped:
+            # overlap: each parameter's accumulated gradient to its bucket (toolkit/exchange/buckets.py)
+            ops = self.array_ops
+            for i, p in enumerate(p for p in self.parts[-1].model.parameters() if p.requires_grad):
+                p.register_post_accumulate_grad_hook(
+                    lambda p, i=i: comm.gradient_ready(i, ops.asarray(p.grad.detach())))
+        return out
+
+    def _arm(self, last: bool) -> None:
+        """Before a backward pass: whether it is the step's last micro-batch (overlap's hooks start buckets then)."""
+        if self.communication is not None:
+            self.communication.arm(last)
+
     def backward(self, loss, tape=None) -> None:
         k = self.config.accumulation_steps
         loss = loss / k if k > 1 else loss
         self.strategy.sync_gradients(self, self.micro == k - 1)       # read by this backward (FSDP)
+        self._arm(self.micro == k - 1)
         self.precision.backward(loss)
         self._loss = loss.detach() if self.micro == 0 else self._loss + loss.detach()    # the step's mean loss
         self.micro += 1
@@ -134,6 +153,7 @@ class TorchSession(Session):
         total = None
         for i, (x, y) in enumerate(batches):
             self.strategy.sync_gradients(self, i == len(batches) - 1)     # accumulation: the last one reduces
+            self._arm(i == len(batches) - 1)
             with self.autocast():
                 loss = self.loss_fn(self.model(x), y)
             if len(batches) > 1:

@@ -170,6 +170,12 @@ class CommunicationConfig:
                                             "{unset}", unset="auto",
                                       note="(on for compression bf16/int8 when the job has several hosts "
                                            "with several ranks each)")
+    overlap: Optional[bool] = _f(None, "torch: the toolkit's exchange in buckets started as the backward pass makes "
+                                       "their gradients ready, so it runs beside the rest of the backward pass "
+                                       "(compression bf16/int8, flat or hierarchical, every step); unset = "
+                                       "{unset}", unset="auto",
+                                 note="(on where the gradient fills more than one bucket)")
+    bucket_mb: float = _f(25.0, "overlap: megabytes of float32 gradient values per bucket (DDP's bucket_cap_mb)")
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
                                      "steps, then the models and optimizer slots averaged; also at each epoch's "
                                      "end), or a parameter server over mpi4py: async_ps (no waiting) or ssp (no "
@@ -268,7 +274,7 @@ ORDER = (
     "context", "dataset", "image_size", "augment", "epochs", "batch_size", "optimizer", "lr", "momentum",
     "weight_decay", "lr_scaling", "warmup_epochs", "lr_schedule", "lr_step_epochs", "lr_step_gamma", "compression",
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
-    "error_feedback", "hierarchical_exchange", "sync", "local_steps",
+    "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
     "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "seed", "checkpoint_dir", "keep_checkpoints",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",

@@ -170,6 +170,20 @@ def _check_hierarchical(c) -> None:
                           "or sum, or drop hierarchical_exchange", "hierarchical_exchange", "op")
 
 
+def _check_overlap(c) -> None:
+    if not c.bucket_mb > 0:
+        _bad("bucket_mb", c.bucket_mb, "must be a positive number of megabytes", example="25")
+    if not c.overlap:
+        return
+    if c.framework != "torch":
+        raise ConfigError(f"overlap: true is torch's (its gradient hooks start each bucket's exchange); on "
+                          f"{c.framework} the exchange runs after the backward pass: drop overlap", "overlap", "framework")
+    if not c.overlap_capable:
+        raise ConfigError(f"overlap: true runs the toolkit's exchange of compression bf16 or int8 (or the hierarchical "
+                          f"exchange) every step (got compression={c.compression.value!r}{', dgc' if c.dgc else ''}, "
+                          f"sync={c.sync.value!r}); use those or drop overlap", "overlap", "compression", "sync")
+
+
 def _check_dgc_powersgd(c) -> None:
     if c.powersgd_rank is not None:
         if c.compression is not Compression.POWERSGD:
@@ -223,6 +237,7 @@ def _check_communication(c) -> None:
                           "error_feedback", "compression")
     _check_dgc_powersgd(c)
     _check_hierarchical(c)
+    _check_overlap(c)
     if c.sync is Sync.LOCAL_SGD:
         if c.local_steps is not None and c.local_steps < 1:
             _bad("local_steps", c.local_steps, "must be a positive integer (steps between averages)",

@@ -99,6 +99,8 @@ class Config(metaclass=_Complete):
     powersgd_warmup_steps: int = _key("powersgd_warmup_steps")
     error_feedback: Optional[bool] = _key("error_feedback")
     hierarchical_exchange: Optional[bool] = _key("hierarchical_exchange")
+    overlap: Optional[bool] = _key("overlap")
+    bucket_mb: float = _key("bucket_mb")
     sync: Sync = _key("sync")
     local_steps: Optional[int] = _key("local_steps")
     sync_warmup_steps: int = _key("sync_warmup_steps")
@@ -179,6 +181,12 @@ class Config(metaclass=_Complete):
         compression none with hierarchical_exchange: true), every step, not elastic."""
         methods = (Compression.BF16, Compression.INT8) + ((Compression.NONE,) if self.hierarchical_exchange else ())
         return self.compression in methods and self.sync is Sync.EVERY_STEP and not self.elastic
+
+    @property
+    def overlap_capable(self) -> bool:
+        """Whether the exchange can run in buckets beside the backward pass (toolkit/exchange/buckets.py): what
+        can run hierarchical (its blocks split at any bucket boundary), with the toolkit's exchange, on torch."""
+        return self.toolkit_exchange and self.hierarchical_capable and not self.dgc
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}

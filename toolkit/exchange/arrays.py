@@ -70,6 +70,10 @@ class Numpy:
         """x in this namespace (a CPU torch tensor becomes a numpy view of the same memory)."""
         return self.np.asarray(x)
 
+    def ravel(self, x):
+        """x as a 1-D array of its values (a view where x is contiguous)."""
+        return self.asarray(x).reshape(-1)
+
     def from_numpy(self, a):
         return self.np.array(a)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit.config import Compression, Config, Sync
-from toolkit.exchange import arrays, hierarchy, numerics, wire
+from toolkit.exchange import arrays, buckets, hierarchy, numerics, wire
 from toolkit.exchange.exchanges import GradientExchange, PowerSGDExchange, make_exchange
 
 STATE_FILE = "communication.npz"
@@ -55,13 +55,23 @@ class Communication:
         self.ops = arrays.of(session)
         self.dgc = config.dgc
         # None where the strategy's own reduce moves the gradients (self.toolkit False): never called then
-        self.values = sum(int(a.size) for a in session.weights())   # gradient values per step
+        sizes = [int(a.size) for a in session.weights()]
+        self.values = sum(sizes)    # gradient values per step
         self.exchange: GradientExchange = (make_exchange(config, self.ops)  # type: ignore[assignment]
                                            if self.toolkit else None)
+        hier = None
         if self.toolkit and config.hierarchical_capable and config.hierarchical_exchange is not False and self.world > 1:
             # a GradientExchange's verbs and attributes, around one that runs across hosts
-            self.exchange = (hierarchy.make(config, session, self.ops, self.values)  # type: ignore[assignment]
-                             or self.exchange)
+            hier = hierarchy.make(config, session, self.ops, self.values)
+            self.exchange = hier or self.exchange       # type: ignore[assignment]
+        if self.toolkit and self._overlaps(config, session):
+            cap = int(config.bucket_mb * 2**20) // 4
+            if config.overlap or len(buckets.plan(sizes, cap)) > 1:
+                bucketed = buckets.BucketedExchange(
+                    lambda m: hierarchy.HierarchicalExchange(_summing(config, self.ops), hier.levels, hier.average, m)
+                    if hier else make_exchange(config, self.ops), sizes, cap, self.ops)
+                bucketed.bind(session, self.world)
+                self.exchange = bucketed        # type: ignore[assignment]
         self.step_calls = step_calls
         self.since_average = 0      # local SGD: steps since the models were last averaged
         self.bytes_sent = 0         # by this rank, since this process started
@@ -71,6 +81,31 @@ class Communication:
         if self.step_calls is None:     # Horovod's own reduce: dense, 2 bytes a value with fp16
             calls = [("allreduce", self.values * horovod_value_bytes(config))]
             self.step_calls = lambda step: calls
+
+    def _overlaps(self, config: Config, session) -> bool:
+        """Whether the exchange runs in buckets beside the backward pass: torch (its session feeds the
+        buckets from gradient hooks), an exchange that splits at any block (overlap_capable), more than one rank."""
+        return (config.overlap is not False and config.overlap_capable and self.world > 1
+                and getattr(session, "gradient_hooks", False))
+
+    @property
+    def overlapped(self) -> bool:
+        return isinstance(self.exchange, buckets.BucketedExchange)
+
+    def arm(self, on: bool) -> None:
+        """Before each backward pass: whether it is the step's last micro-batch (the one whose gradients
+        are exchanged; accumulation's earlier ones only add up)."""
+        if self.overlapped:
+            self.exchange.arm(on)       # type: ignore[attr-defined]  # a BucketedExchange
+
+    def gradient_ready(self, index: int, grad) -> None:
+        """The backward pass made parameter `index`'s gradient final (its hook): its bucket may start."""
+        self.exchange.ready(index, grad)     # type: ignore[attr-defined]  # overlapped: a BucketedExchange
+
+    def _hierarchical(self):
+        """The hierarchical exchange that runs (a bucket's, where the exchange is in buckets), or None."""
+        x = self.exchange.inner if self.overlapped else self.exchange     # type: ignore[attr-defined]
+        return x if isinstance(x, hierarchy.HierarchicalExchange) else None
 
     # -- the facade's calls, once per optimizer step ----------------------------------------------
     def count_backend_step(self) -> None:
@@ -149,13 +184,15 @@ class Communication:
         if isinstance(self.exchange, PowerSGDExchange):
             return f"powersgd rank {self.exchange.rank}"
         forms: dict[str | None, str] = {"reduce": " (compressed allreduce)", "allgather": " (allgather)"}
-        if isinstance(self.exchange, hierarchy.HierarchicalExchange):
-            lv, across = self.exchange.levels, forms.get(self.exchange.cross_form, " (float32 allreduce)")
+        over = (f", in {len(self.exchange.buckets)} buckets beside the backward pass"    # type: ignore[attr-defined]
+                if self.overlapped else "")
+        if hier := self._hierarchical():
+            lv, across = hier.levels, forms.get(hier.cross_form, " (float32 allreduce)")
             hosts = f"{lv.hosts} host{'s' * (lv.hosts > 1)} x {lv.ranks_per_host} rank{'s' * (lv.ranks_per_host > 1)}"
-            return (f"{self.exchange.compressor.name} hierarchical ({hosts}: "
-                    f"float32 inside a host, {self.exchange.compressor.name}{across} across hosts)")
+            return (f"{hier.compressor.name} hierarchical ({hosts}: "
+                    f"float32 inside a host, {hier.compressor.name}{across} across hosts{over})")
         form = forms.get(self.exchange.form, "")
-        return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}{form}"
+        return f"{self.exchange.compressor.name}{' (DGC)' if self.dgc else ''}{form}{over}"
 
     def summary(self) -> dict:
         """Bytes this rank handed to collectives per optimizer step (0 at world size 1: nothing crosses
@@ -168,10 +205,13 @@ class Communication:
                "wire_bytes_per_step": self.wire_sent / self.steps if self.steps else 0.0,
                "compression_ratio": self.values * 4 / per_step if per_step else None,
                "compression_ms_per_step": 1000 * seconds / self.steps if self.steps else 0.0}
-        if isinstance(self.exchange, hierarchy.HierarchicalExchange):
+        if self.overlapped:     # buckets whose exchange the backward pass started (all of them: full overlap)
+            out["overlapped_buckets_per_step"] = self.exchange.early / self.steps if self.steps else 0.0  # type: ignore[attr-defined]
+        if self._hierarchical():
             # what crosses hosts is this rank's shard: its ratio to that shard's float32 bytes
             cross = self.cross_sent / self.steps if self.steps else 0.0
-            shard = self.exchange.span[1] - self.exchange.span[0]
+            shard = (sum(x.shard_values for x in self.exchange.exchanges)     # type: ignore[attr-defined]
+                     if self.overlapped else self.exchange.shard_values)      # type: ignore[attr-defined]
             out.update(cross_host_bytes_per_step=cross, compression_ratio=shard * 4 / cross if cross else None)
         return out
 
@@ -228,6 +268,13 @@ class Communication:
                                   for name in state if name != "since_average" and state[name].ndim == 2})
         self.since_average = int(state["since_average"])
         return None
+
+
+def _summing(config: Config, ops) -> GradientExchange:
+    """The exchange across hosts of a hierarchical one: it sums (the mean is taken after, over every rank)."""
+    x = make_exchange(config, ops)
+    x.average = False
+    return x
 
 
 def horovod_value_bytes(config: Config) -> int:

@@ -4,13 +4,12 @@ gathered exchange (bf16, int8, top-k), DGC, PowerSGD, error feedback; `make_exch
 from the config to its exchange.
 
 Two ways over the wire:
-- **Gathered** (bf16, int8, top-k): payloads differ per rank (int8 scales, top-k positions), so
-  they are exchanged with an allgather of raw bytes (top-k first allgathers its part lengths, which differ by rank; one
-  for the parts), and every rank decompresses and sums every payload in rank order: the same
-  result on every rank, bit for bit. bf16 cannot ride on Horovod's allreduce (Horovod 0.28.1 refuses
-  bfloat16 tensors: torch "Tensor type torch.BFloat16Tensor is not supported", TensorFlow "Value for
-  attr 'T' of bfloat16 is not in the list of allowed values"), nor can int8 (a sum of int8 values
-  overflows); fp16 does, as Horovod's own compression (toolkit/exchange/communication.py).
+- **Gathered** (bf16, int8, top-k): payloads differ per rank (int8 scales, top-k positions), so they are exchanged
+  with an allgather of raw bytes (top-k first allgathers its part lengths, which differ by rank), and every rank
+  decompresses and sums every payload in rank order: the same result on every rank, bit for bit. bf16 cannot
+  ride on Horovod's allreduce (Horovod 0.28.1 refuses bfloat16 tensors: torch "Tensor type
+  torch.BFloat16Tensor is not supported", TensorFlow "Value for attr 'T' of bfloat16 is not in the list of
+  allowed values"), nor can int8 (a sum of int8 values overflows); fp16 does, as Horovod's own compression.
 - **PowerSGD** (Vogels et al. 2019) allreduces: a gradient matrix M (n x m, a tensor's first axis by
   the rest) becomes P = M Q (n x r), allreduced and orthonormalised, then Q = M^T P (m x r),
   allreduced; every rank rebuilds P Q^T. Q is warm-started from the previous step. Vectors and
@@ -73,7 +72,8 @@ class GradientExchange:
         """What this rank handed to collectives in the last step (bytes_sent_per_step's meaning)."""
         return sum(b for _, b in self.calls)
 
-    def _buffer(self, n: int):
+    def buffer(self, n: int):
+        """A buffer of n values for exchange_flat's input, this exchange's own (it may keep it as its residual)."""
         b, self.spare = self.spare, None
         return b if b is not None and len(b) == n else self.ops.empty(n)
 
@@ -86,7 +86,7 @@ class GradientExchange:
     def exchange(self, grads, comm, world_size: int) -> list:
         """The reduced gradients, shaped like `grads`: views into a buffer that the next exchange reuses."""
         n = sum(math.prod(self.ops.shape(g)) for g in grads)
-        flat = self.ops.flatten(grads, out=self._buffer(n))
+        flat = self.ops.flatten(grads, out=self.buffer(n))
         return self.ops.unflatten(self.exchange_flat(flat, comm, world_size), grads)
 
     def exchange_flat(self, flat, comm, world_size: int):
@@ -128,13 +128,17 @@ class GradientExchange:
     def _reduces(self, n: int, world_size: int) -> bool:
         """Whether this step takes the compressed allreduce rather than the allgather: bf16 and int8
         only, as the planner's model prices the two for this payload (toolkit/planner/scaling.py)."""
-        if self.compressor.name not in ("bf16", "int8"):
-            return False
-        if self.chosen_for not in (0, world_size):      # chosen again when an elastic job resizes
+        if self.compressor.name in ("bf16", "int8") and self.chosen_for not in (0, world_size):
+            self.choose_form(n, world_size)             # chosen again when an elastic job resizes
+        return self.compressor.name in ("bf16", "int8") and self.form == "reduce"
+
+    def choose_form(self, n: int, world_size: int) -> None:
+        """The form (compressed allreduce or allgather) the model prices cheaper for n values at world_size
+        (a bucket of a gradient takes its whole gradient's: toolkit/exchange/buckets.py)."""
+        if self.compressor.name in ("bf16", "int8"):
             from toolkit.exchange import wire
             payload = n * (1 if self.compressor.name == "int8" else 2)
             self.form, self.chosen_for = wire.exchange_form(world_size, payload), world_size
-        return self.form == "reduce"
 
     def chunks(self, n: int, world_size: int) -> list[tuple[int, int]]:
         """(start, end) of each rank's chunk of the flat buffer: N nearly equal parts whose starts are

@@ -24,7 +24,6 @@ every rank's (local rank, local size); `place` says why there is no hierarchy wh
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +124,7 @@ class HierarchicalExchange:
         self.cross, self.levels, self.average, self.n = cross, levels, average, values
         self.ops = cross.ops
         self.calls: list = []
+        self._input: Any = None     # exchange_flat's input buffer, from `buffer`
         # this rank's shard of the flat gradient (`values` long)
         self.span = cross.chunks(values, levels.ranks_per_host)[levels.local_rank]
 
@@ -148,13 +148,31 @@ class HierarchicalExchange:
             return "allreduce"
         return self.cross.form or "allgather"
 
+    @property
+    def shard_values(self) -> int:
+        """The values of this rank's shard (what it exchanges across hosts)."""
+        return self.span[1] - self.span[0]
+
+    def choose_form(self, n: int, world_size: int) -> None:
+        """The form across hosts for the shard of a gradient of n values (toolkit/exchange/buckets.py)."""
+        a, e = self.cross.chunks(n, self.levels.ranks_per_host)[self.levels.local_rank]
+        self.cross.choose_form(e - a, self.levels.hosts)
+
+    def buffer(self, n: int):
+        """A flat buffer of n values for exchange_flat's input (kept by this exchange, never by its result)."""
+        if self._input is None or len(self._input) != n:
+            self._input = self.ops.empty(n)
+        return self._input
+
     def exchange(self, grads, session, world_size: int) -> list:
-        ops, lv = self.ops, self.levels
-        n = sum(math.prod(ops.shape(g)) for g in grads)
-        flat = ops.flatten(grads)
+        return self.ops.unflatten(self.exchange_flat(self.ops.flatten(grads), session, world_size), grads)
+
+    def exchange_flat(self, flat, session, world_size: int):
+        lv = self.levels
+        n = len(flat)
         chunks = self.cross.chunks(n, lv.ranks_per_host)
         a, e = chunks[lv.local_rank]
-        shard = self.cross._buffer(e - a)          # the cross exchange owns it (its next residual)
+        shard = self.cross.buffer(e - a)          # the cross exchange owns it (its next residual)
         local = Group(session, lv.local, lv.local_rank)
         if lv.ranks_per_host > 1:
             splits = [end - start for start, end in chunks]
@@ -176,7 +194,7 @@ class HierarchicalExchange:
         else:
             whole = reduced
         self.calls = inside + across
-        return ops.unflatten(whole, grads)
+        return whole
 
     # -- checkpoints: this rank's residuals as whole-gradient rows (zero outside its shard) ----------------
     def state(self) -> dict:
