@@ -44,6 +44,10 @@ class TensorWork(abc.ABC):
         """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
         return float(value)
 
+    def to_floats(self, values: list) -> list[float]:
+        """Several such values as Python floats (where the framework can: one host read for all of them)."""
+        return [self.to_float(v) for v in values]
+
     def _buffers(self) -> list:
         """The model's floating-point state that is not trained (numpy); [] if none."""
         return []

@@ -2,10 +2,12 @@
 
 After each optimizer step the facade hands the guard what that step measured: the reduced gradient
 norm where it was measured, else the loss averaged over the ranks, else (paths that reduce inside a
-framework's own optimizer) this rank's loss; that value must be finite. It is checked one step late,
-so reading it back does not stall the device (or MXNet's engine) on the step just queued; `settle`
-checks the last one before anything is evaluated, saved or compared. fp16 steps skipped on overflow
-are counted (`session.skipped_steps`), not errors.
+framework's own optimizer) this rank's loss; that value must be finite. The values stay where the
+step left them (a device tensor: no host sync) and are read together every `nan_check_every` steps
+(torch: one read for all of them), at the same step on every rank; the first non-finite one stops
+training with its step named. `settle` reads what is pending before anything is evaluated, saved or
+compared, so no checkpoint holds weights from a non-finite step. fp16 steps skipped on overflow are
+counted (`session.skipped_steps`), not errors (GradScaler's own skip reads its flag every step, as in torch).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class NanGuard:
     def __init__(self, session, drain: Callable[[], None]):
         self.session = session
         self.drain = drain              # every rank stops: the step already queued finishes on all of them
-        self.unchecked: tuple | None = None     # the last step's (step, value, what), checked one step late
+        self.unchecked: list[tuple] = []        # (step, value, what) of the steps since the last read
 
     def after_step(self, loss) -> None:
         s = self.session
@@ -37,19 +39,19 @@ class NanGuard:
             item = (s.global_step, loss, "loss")
         else:
             return
-        previous, self.unchecked = self.unchecked, item
-        if previous is not None:
-            self.check(*previous)
+        self.unchecked.append(item)
+        if s.global_step % s.config.nan_check_every == 0:
+            self.settle()
 
     def settle(self) -> None:
-        """The last step's check, before its weights are evaluated, saved or compared."""
-        if self.unchecked is not None:
-            item, self.unchecked = self.unchecked, None
-            self.check(*item)
-
-    def check(self, step: int, value, what: str) -> None:
+        """The pending steps' values read (one host read), before weights are evaluated, saved or compared."""
+        if not self.unchecked:
+            return
+        items, self.unchecked = self.unchecked, []
+        values = self.session.to_floats([value for _, value, _ in items])
         try:
-            numerics.check(step, self.session.to_float(value), what)
+            for (step, _, what), value in zip(items, values):
+                numerics.check(step, value, what, within=self.session.config.nan_check_every)
         except ToolkitError:
             self.drain()
             raise

@@ -586,6 +586,15 @@ MUTANTS = [
     Mutant("overlap-arms-every-micro-batch", "with overlap and accumulation the step exchanges the summed micro-batches",
            (("adapters/torch/session.py", "        self._arm(self.micro == k - 1)\n", "        self._arm(True)\n"),),
            (f"{A}::test_accumulation_equals_one_large_batch",)),
+    Mutant("host-sync-per-step", "torch's backward + step make the host wait for the device only at the NaN guard's reads",
+           (("adapters/torch/session.py", "        self.precision.backward(loss)\n        self._loss =",
+             "        self.precision.backward(loss)\n        float(loss)\n        self._loss ="),),
+           (f"{A}::test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once[torch]",)),
+    Mutant("nan-guard-never-reads", "the NaN guard reads the pending steps' values every nan_check_every steps",
+           (("adapters/guard.py", "        if s.global_step % s.config.nan_check_every == 0:\n            self.settle()\n",
+             ""),),
+           (f"{A}::test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once[torch]",
+            f"{N}::test_a_diverging_run_stops_every_rank_at_the_same_step_and_saves_nothing[torch]")),
 ]
 
 

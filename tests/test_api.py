@@ -36,7 +36,13 @@ def seen_per_epoch(*records) -> dict:
 
 
 def test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once(fw, tmp_path):
-    out = user_loop(fw, tmp_path / "out.json", "--epochs", "2")
+    # torch: the calls that make the host wait for the device, counted inside backward + step (fp32 on Horovod,
+    # bf16 on DDP): none, but the NaN guard's one read of the last nan_check_every (10) steps' values
+    count = {"torch": ["--count-syncs"], "torch-native": ["--count-syncs", "--set", "precision=bf16"]}.get(fw, [])
+    out = user_loop(fw, tmp_path / "out.json", "--epochs", "2", *count)
+    if count:
+        assert [calls for calls in out["syncs"][1:]] == [{"tolist": 1} if step % 10 == 0 else {}
+                                                          for step in range(2, len(out["syncs"]) + 1)], out["syncs"]
     assert len(set(out["initial_digests"])) == 2, "ranks must start from different weights"
     assert len(out["final_digests"]) == 2 and len(set(out["final_digests"])) == 1, out["final_digests"]
     n, steps_per_epoch = out["n"], 512 // (2 * 16)

@@ -5,6 +5,7 @@ count what every rank saw; it can stop after some steps with a checkpoint and re
     horovodrun -np 2 python tests/user_loop.py --framework torch --epochs 2 --out out.json
 """
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -67,6 +68,8 @@ def main() -> int:
     p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
                    "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
     p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
+    p.add_argument("--count-syncs", action="store_true", help="torch: count the calls that make the host wait for "
+                   "the device (item, float, bool, tolist, cpu, numpy, ...) inside backward + step, per step")
     p.add_argument("--out", required=True, help="rank 0 writes what the test checks here (JSON + weights .npz)")
     a = p.parse_args()
 
@@ -84,18 +87,52 @@ def main() -> int:
     seen, steps = {}, session.global_step
     if a.train_step or a.record_steps or a.poison_step >= 0:
         return stepwise(session, loader, a, initial, seen, n)
+    counter = SyncCounter() if a.count_syncs else contextlib.nullcontext()
     for epoch in range(start, a.epochs):
         loader.set_epoch(epoch)
         for x, y in loader:
             seen.setdefault(epoch, []).extend(int(round(float(v) * n)) for v in host(x)[:, 0])
-            session.backward(*loss_and_tape(a.framework, session, model, x, y))
-            if session.step():
+            forward = loss_and_tape(a.framework, session, model, x, y)
+            with counter:
+                session.backward(*forward)
+                stepped = session.step()
+            if stepped:
+                if a.count_syncs:
+                    counter.end_step()
                 steps += 1
                 if steps == a.save_at:
                     session.save(epoch=epoch)
                     if steps == a.stop_at:
                         return finish(session, a, initial, seen, n)
-    return finish(session, a, initial, seen, n)
+    return finish(session, a, initial, seen, n, **({"syncs": counter.steps} if a.count_syncs else {}))
+
+
+class SyncCounter:
+    """torch: the calls inside backward + step that make the host wait for the device (or read a tensor's
+    values into Python), counted per optimizer step (a TorchFunctionMode sees every tensor method)."""
+    NAMES = {"item", "__float__", "__int__", "__bool__", "__index__", "tolist", "cpu", "numpy", "__array__"}
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+        counter = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", "")
+                if name in SyncCounter.NAMES:
+                    counter.calls[name] = counter.calls.get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+        self.mode, self.calls, self.steps = Mode(), {}, []
+
+    def __enter__(self):
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    def end_step(self):
+        self.steps.append(self.calls)
+        self.calls = {}
 
 
 def stepwise(session, loader, a, initial, seen, n) -> int:

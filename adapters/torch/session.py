@@ -116,6 +116,12 @@ class TorchSession(Session):
     def _inference(self):
         return torch.no_grad()
 
+    def to_floats(self, values: list) -> list[float]:
+        """Losses and norms (device tensors) read back in one host read."""
+        if values and all(torch.is_tensor(v) for v in values):
+            return torch.stack([v.detach().float().reshape(()) for v in values]).tolist()
+        return super().to_floats(values)
+
     # -- the step -----------------------------------------------------------------------------------
     gradient_hooks = True       # the toolkit's exchange may start in buckets from gradient hooks (overlap)
 

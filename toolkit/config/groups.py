@@ -220,7 +220,11 @@ class PrecisionConfig:
                                          unset="no clipping")
     nan_guard: bool = _f(True, "stop every rank with one line when a step's reduced gradient norm (when clipping) "
                                "or its loss averaged over the ranks is NaN or infinite, before anything is "
-                               "saved; costs one host read per step")
+                               "saved (read every nan_check_every steps)")
+    nan_check_every: int = _f(10, "nan_guard: optimizer steps between the guard's reads of the steps' values (one "
+                                  "host read for all of them, none in between; 1 = every step); training stops at "
+                                  "the first read after a non-finite step, naming it; evaluation, checkpoints and "
+                                  "the replica check read first")
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,7 @@ ORDER = (
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
-    "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "seed", "checkpoint_dir", "keep_checkpoints",
+    "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",
     "timeline_file", "stall_check_seconds", "elastic_min_np", "elastic_max_np", "elastic_discovery",
     "elastic_commit_every", "uneven_data", "straggler", "allow_cpu", "loader_workers", "quiet", "framework_logs",

@@ -68,7 +68,7 @@ def validate(c) -> None:
     """Raise ConfigError (one line, naming the keys it is about) for the first thing wrong with Config `c`, in the
     historical order. Where each key's value came from is added by the merge of the sources (sources.py)."""
     positive_ints = ("epochs", "batch_size", "accumulation_steps", "hidden_size",
-                     "hidden_layers", "keep_checkpoints", "heads", "preemption_check_every")
+                     "hidden_layers", "keep_checkpoints", "heads", "preemption_check_every", "nan_check_every")
     for name, enum_kind, verb in (("model", Model, "build"), ("dataset", Dataset, "load")):
         value = getattr(c, name)
         if name == "dataset" and on_disk(value):

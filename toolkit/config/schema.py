@@ -113,6 +113,7 @@ class Config(metaclass=_Complete):
     sync_batchnorm: bool = _key("sync_batchnorm")
     clip_grad_norm: Optional[float] = _key("clip_grad_norm")
     nan_guard: bool = _key("nan_guard")
+    nan_check_every: int = _key("nan_check_every")
     seed: int = _key("seed")
     checkpoint_dir: Optional[str] = _key("checkpoint_dir")
     keep_checkpoints: int = _key("keep_checkpoints")

@@ -36,11 +36,13 @@ def clip(grads: list, max_norm: float | None, ops=None) -> tuple[list, float]:
     return grads, norm
 
 
-def check(step: int, value: float, what: str) -> None:
-    """A non-finite step is one line naming the step and the fixes; every rank raises it at the same step."""
+def check(step: int, value: float, what: str, within: int = 1) -> None:
+    """A non-finite step is one line naming the step and the fixes; every rank raises it at the same step
+    (`within` steps of it at most: the guard reads every nan_check_every steps)."""
     if math.isfinite(value):
         return
-    raise ToolkitError(f"step {step}: the {what} is {value} (not finite); every rank stopped within one step "
+    when = "within one step" if within <= 1 else f"within {within} steps (nan_check_every)"
+    raise ToolkitError(f"step {step}: the {what} is {value} (not finite); every rank stopped {when} "
                        "of it and no checkpoint was written from it. "
                        "Lower the learning rate (--lr), clip gradients (--clip-grad-norm 1.0), check the data for "
                        "NaN/Inf, or turn the check off with --no-nan-guard")
