@@ -595,6 +595,16 @@ MUTANTS = [
              ""),),
            (f"{A}::test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_sample_once[torch]",
             f"{N}::test_a_diverging_run_stops_every_rank_at_the_same_step_and_saves_nothing[torch]")),
+    Mutant("exchange-numpy-on-cpu", "torch hands the toolkit's exchange torch tensors on the CPU too (no host read)",
+           (("adapters/torch/session.py", "            self._array_ops = arrays.Torch(self.torch_device)",
+             "            self._array_ops = arrays.numpy_ops()"),),
+           (f"{A}::test_the_toolkits_int8_exchange_on_three_ranks_makes_no_host_read_in_the_step",)),
+    Mutant("clip-norm-on-host", "the toolkit's exchange clips and measures the norm on the device",
+           (("toolkit/exchange/arrays.py", "        norm = torch.linalg.vector_norm(torch.stack(",
+             "        norm = float(torch.linalg.vector_norm(torch.stack("),
+            ("toolkit/exchange/arrays.py", "for g in grads]))\n        if max_norm is None:",
+             "for g in grads])))\n        norm = torch.tensor(norm)\n        if max_norm is None:")),
+           (f"{A}::test_the_toolkits_int8_exchange_on_three_ranks_makes_no_host_read_in_the_step",)),
 ]
 
 

@@ -51,6 +51,16 @@ def test_a_user_model_with_batchnorm_starts_apart_ends_identical_and_sees_every_
         assert len(counts) == steps_per_epoch * 2 * 16 == n, f"epoch {epoch}: {n - len(counts)} samples not seen"
 
 
+def test_the_toolkits_int8_exchange_on_three_ranks_makes_no_host_read_in_the_step(tmp_path):
+    """torch hands the exchange torch tensors on every device (the CPU too): the compressed allreduce, the norm
+    and the NaN guard's value stay tensors, so backward + step make no host read but the guard's every 10 steps."""
+    out = user_loop("torch", tmp_path / "out.json", "--epochs", "1", "--count-syncs", "--set", "compression=int8",
+                    ranks=3)
+    assert out["summary"]["compression_ratio"] > 2, out["summary"]      # int8 (on a model of 740 values)
+    assert out["syncs"][1:] == [{"tolist": 1} if step % 10 == 0 else {} for step in range(2, len(out["syncs"]) + 1)], \
+        out["syncs"]
+
+
 @pytest.mark.parametrize("fw", ["torch-native"], indirect=True)
 def test_accumulation_equals_one_large_batch(fw, tmp_path):
     """2 ranks x accumulation 2 x batch 8 == 1 rank x batch 32 (plain SGD steps: no BatchNorm, whose

@@ -189,13 +189,11 @@ class TorchSession(Session):
 
     @property
     def array_ops(self):
-        """Where the toolkit's exchange runs (toolkit/exchange/arrays.py): on a GPU, torch tensors on it (no host
-        copy); on the CPU, numpy views of the same memory (no copy either; numpy's single-thread
-        kernels measured faster than torch's for top-k's selection, docs/COMMUNICATION.md)."""
+        """Where the toolkit's exchange runs (toolkit/exchange/arrays.py): torch tensors on this rank's device, the
+        CPU included, so the code a GPU runs is the code the CPU runs (and no value is read back to the host)."""
         if self._array_ops is None:
             from toolkit.exchange import arrays
-            self._array_ops = (arrays.Torch(self.torch_device) if self.torch_device.type == "cuda"
-                               else arrays.numpy_ops())
+            self._array_ops = arrays.Torch(self.torch_device)
         return self._array_ops
 
     def local_gradients(self, batches=None):

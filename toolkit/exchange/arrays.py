@@ -14,7 +14,7 @@ it is made.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:                       # for annotations only: `import toolkit` imports no numpy
     import numpy
@@ -113,6 +113,15 @@ class Numpy:
         """sum(x * x) as a host float: BLAS's dot in x's own precision (a float64 copy of a 40 MB
         gradient cost more than the rest of the exchange's pass over it)."""
         return float(self.np.dot(x, x))
+
+    def clip_by_norm(self, grads: list, max_norm: float | None) -> tuple[list, float]:
+        """(grads scaled so their global L2 norm is at most max_norm (torch's clip_grad_norm_ rule), the norm
+        before): the norm from dot products in float32, summed as host floats."""
+        from toolkit.exchange import numerics
+        norm = math.sqrt(sum(self.dot(g.reshape(-1)) for g in grads))
+        if (factor := numerics.clip_factor(norm, max_norm)) is not None:
+            grads = [g * factor for g in grads]
+        return grads, norm
 
     def topk_positions(self, magnitudes, k: int):
         """Ascending int64 positions of the k largest values."""
@@ -283,6 +292,18 @@ class Torch(Numpy):
 
     def dot(self, x) -> float:
         return float(self.torch.dot(x, x))
+
+    def clip_by_norm(self, grads: list, max_norm: float | None) -> tuple[list, Any]:
+        """On the device, no host read (torch's get_total_norm and clip_grads_with_norm_ rule): the norm is a
+        0-d tensor; the factor min(1, max_norm / (norm + 1e-6)) is applied whatever it is (a non-finite
+        norm leaves the gradients as they are: the NaN guard stops the job)."""
+        torch = self.torch
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.reshape(-1)) for g in grads]))
+        if max_norm is None:
+            return grads, norm
+        factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        factor = torch.where(torch.isfinite(factor), factor, torch.ones_like(factor))
+        return [g * factor for g in grads], norm
 
     def topk_positions(self, magnitudes, k: int):
         return self.torch.topk(magnitudes, k, sorted=False).indices.sort().values

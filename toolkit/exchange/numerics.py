@@ -27,13 +27,11 @@ def clip_factor(norm: float, max_norm: float | None) -> float | None:
 
 def clip(grads: list, max_norm: float | None, ops=None) -> tuple[list, float]:
     """Gradients (in the namespace `ops` of toolkit/exchange/arrays.py, numpy by default) scaled so their global
-    L2 norm is at most `max_norm`; (grads, norm before)."""
+    L2 norm is at most `max_norm`; (grads, norm before: a host float, or a device scalar on torch's namespace, read
+    by the NaN guard with the other pending values)."""
     from toolkit.exchange import arrays
     ops = ops or arrays.numpy_ops()
-    norm = math.sqrt(sum(ops.dot(g.reshape(-1)) for g in grads))
-    if (factor := clip_factor(norm, max_norm)) is not None:
-        grads = [g * factor for g in grads]
-    return grads, norm
+    return ops.clip_by_norm(grads, max_norm)
 
 
 def check(step: int, value: float, what: str, within: int = 1) -> None:
