@@ -44,6 +44,10 @@ class TensorWork(abc.ABC):
         """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
         return float(value)
 
+    def compile_report(self) -> str | None:
+        """After the first step, what compiling the model did (torch.compile's graph breaks), or None."""
+        return None
+
     def to_floats(self, values: list) -> list[float]:
         """Several such values as Python floats (where the framework can: one host read for all of them)."""
         return [self.to_float(v) for v in values]

@@ -505,8 +505,8 @@ MUTANTS = [
              "self.strategy.sync_gradients(self, self.micro % k == 0)"),),
            (f"{A}::test_accumulation_equals_one_large_batch[torch-native]",)),
     Mutant("native-checkpoint-wrapped", "a checkpoint written under one backend resumes under the other",
-           (("adapters/torch/strategies/native.py", "return model.module if isinstance(model, DDP) else model",
-             "return model"),),
+           (("adapters/torch/strategies/common.py", "    model = model.module if isinstance(model, DDP) else model\n",
+             ""),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
     Mutant("fsdp-optimizer-by-name", "an fsdp checkpoint loads unsharded (torch's own optimizer format)",
            (("adapters/torch/sharding.py", '"optimizer": _keyed(optimizer, _names(part), by_name=False) if optimizer '
@@ -605,6 +605,12 @@ MUTANTS = [
             ("toolkit/exchange/arrays.py", "for g in grads]))\n        if max_norm is None:",
              "for g in grads])))\n        norm = torch.tensor(norm)\n        if max_norm is None:")),
            (f"{A}::test_the_toolkits_int8_exchange_on_three_ranks_makes_no_host_read_in_the_step",)),
+    Mutant("compile-prefixed-checkpoint", "a compiled model's checkpoint holds the plain module's names",
+           (("adapters/torch/strategies/common.py", "        return plain(model)\n", "        return model\n"),),
+           ("tests/test_compile.py::test_a_users_compiled_model_trains_and_saves_the_plain_modules_state[torch]",)),
+    Mutant("compile-ignored", "compile: true compiles the model after the strategy wrapped it",
+           (("adapters/torch/session.py", "            part.model.compile()", "            pass"),),
+           ("tests/test_compile.py::test_compile_on_horovod_trains_says_its_first_step_once_and_resumes_exactly",)),
 ]
 
 

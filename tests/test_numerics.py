@@ -96,13 +96,18 @@ def test_clipping_where_there_is_no_reduced_gradient_is_one_line(keys, needle):
 
 def test_the_check_itself():
     import numpy as np
+    import torch
 
     from toolkit.errors import ToolkitError
-    from toolkit.exchange import numerics
-    grads, norm = numerics.clip([np.full(4, 3.0, np.float32), np.full(10, 4.0, np.float32)], 6.0)
-    assert norm == pytest.approx(14.0)
-    _, after = numerics.clip(grads, None)
-    assert after == pytest.approx(6.0, rel=1e-5)
+    from toolkit.exchange import arrays, numerics
+    for ops in (arrays.numpy_ops(), arrays.Torch("cpu")):     # torch's: on the device, the norm a 0-d tensor
+        grads, norm = numerics.clip([ops.from_numpy(np.full(4, 3.0, np.float32)),
+                                     ops.from_numpy(np.full(10, 4.0, np.float32))], 6.0, ops)
+        assert float(norm) == pytest.approx(14.0)
+        _, after = numerics.clip(grads, None, ops)
+        assert float(after) == pytest.approx(6.0, rel=1e-5)
+    bad = [torch.tensor([float("nan"), 1.0])]
+    assert numerics.clip(bad, 1.0, arrays.Torch("cpu"))[0][0][1] == 1.0      # non-finite: left as it is
     numerics.check(3, 1e30, "loss")
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ToolkitError, match="step 3: the loss is"):

@@ -68,6 +68,7 @@ def main() -> int:
     p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
                    "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
     p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
+    p.add_argument("--compile", action="store_true", help="torch: session.setup(torch.compile(model))")
     p.add_argument("--count-syncs", action="store_true", help="torch: count the calls that make the host wait for "
                    "the device (item, float, bool, tolist, cpu, numpy, ...) inside backward + step, per step")
     p.add_argument("--out", required=True, help="rank 0 writes what the test checks here (JSON + weights .npz)")
@@ -79,6 +80,9 @@ def main() -> int:
                             resume=a.resume, **keys)
     with session.scope():
         model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
+    if a.compile:
+        import torch
+        model = torch.compile(model)
     model, optimizer = session.setup(model)
     initial = [d for per in session.allgather_object(session.local_digests, name="initial") for d in per]
     data, n = indexed(a.framework)

@@ -62,6 +62,9 @@ class TorchSession(Session):
     def _place(self, model):
         if not isinstance(model, torch.nn.Module):
             raise ToolkitError(f"session.setup(model): expected a torch.nn.Module, got {type(model).__name__}")
+        if hasattr(model, "_orig_mod") and self.strategy.wraps_module:
+            # torch.compile'd: DDP and FSDP2 wrap the plain module, compiled after (torch's advice), in setup()
+            model, self._compile_next = model._orig_mod, True
         if self.config.sync_batchnorm:      # batch statistics over every rank (the strategy's)
             model = self.strategy.sync_batchnorm(model)
         return model.to(self.torch_device)
@@ -116,6 +119,15 @@ class TorchSession(Session):
     def _inference(self):
         return torch.no_grad()
 
+    def compile_report(self) -> str | None:
+        """After the first step: what torch.compile did (graph breaks, once), or None without compile."""
+        if not any(hasattr(p.model, "_orig_mod") or getattr(p.model, "_compiled_call_impl", None) for p in self.parts):
+            return None
+        from torch._dynamo.utils import counters
+        breaks = counters["graph_break"]
+        reasons = "; ".join(f"{why.splitlines()[0]} (x{n})" for why, n in breaks.most_common(3))
+        return f"{sum(breaks.values())} graph break{'s' * (sum(breaks.values()) != 1)}" + (f": {reasons}" if reasons else "")
+
     def to_floats(self, values: list) -> list[float]:
         """Losses and norms (device tensors) read back in one host read."""
         if values and all(torch.is_tensor(v) for v in values):
@@ -124,10 +136,16 @@ class TorchSession(Session):
 
     # -- the step -----------------------------------------------------------------------------------
     gradient_hooks = True       # the toolkit's exchange may start in buckets from gradient hooks (overlap)
+    _compile_next = False       # compile the model setup() is placing, after the strategy wrapped it
 
     def setup(self, model, optimizer=None, loss=None):
+        self._compile_next = self.config.compile
         out = super().setup(model, optimizer, loss)
-        comm = self.parts[-1].communication
+        part = self.parts[-1]
+        if self._compile_next and not hasattr(part.model, "_orig_mod"):
+            part.model.compile()        # in place, after the strategy's wrapper: the same module, its names unchanged
+            out = (part.model, part.optimizer)
+        comm = part.communication
         if comm is not None and comm.overlapped:
             # overlap: each parameter's accumulated gradient to its bucket (toolkit/exchange/buckets.py)
             ops = self.array_ops

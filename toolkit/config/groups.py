@@ -210,6 +210,9 @@ class PrecisionConfig:
                                               "mixed_float16; dynamic loss scaling: an overflow skips the step on "
                                               "every rank, counted in skipped_steps); weights and the optimizer "
                                               "stay fp32; MXNet: bf16 only, on a CPU with AVX-512")
+    compile: bool = _f(False, "torch: torch.compile the model in session.setup(), after the strategy wrapped it "
+                              "(DDP, FSDP2), as torch recommends; checkpoints hold the plain module's state; the "
+                              "first step's time and the graph breaks are printed once")
     sync_batchnorm: bool = _f(False, "BatchNorm layers normalise with the statistics of every rank's batch "
                                      "(torch: the toolkit's SyncBatchNorm on Horovod; Keras 3: its "
                                      "BatchNormalization with moments allreduced, or synchronized=True under a "
@@ -280,7 +283,7 @@ ORDER = (
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
-    "precision", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints",
+    "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",
     "timeline_file", "stall_check_seconds", "elastic_min_np", "elastic_max_np", "elastic_discovery",
     "elastic_commit_every", "uneven_data", "straggler", "allow_cpu", "loader_workers", "quiet", "framework_logs",

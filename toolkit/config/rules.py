@@ -340,6 +340,9 @@ def _check_capabilities(c) -> None:
                           "or your own model (model: pkg.module:build)", "model", "framework", "backend")
     if c.clip_grad_norm is not None:
         _check_clipping(c, impl)
+    if c.compile and c.framework != "torch":
+        raise ConfigError(f"compile is torch's (torch.compile); with framework={c.framework!r} drop compile",
+                          "compile", "framework")
     if c.sync_batchnorm and impl.sync_batchnorm:
         raise ConfigError(f"sync_batchnorm is not available for framework={c.framework!r} with "
                           f"backend={backend!r} ({impl.sync_batchnorm}); drop sync_batchnorm",

@@ -110,6 +110,7 @@ class Config(metaclass=_Complete):
     accumulation_steps: int = _key("accumulation_steps")
     op: Op = _key("op")
     precision: Precision = _key("precision")
+    compile: bool = _key("compile")
     sync_batchnorm: bool = _key("sync_batchnorm")
     clip_grad_norm: Optional[float] = _key("clip_grad_norm")
     nan_guard: bool = _key("nan_guard")

@@ -25,12 +25,10 @@ def clip_factor(norm: float, max_norm: float | None) -> float | None:
     return factor if factor < 1 else None
 
 
-def clip(grads: list, max_norm: float | None, ops=None) -> tuple[list, float]:
-    """Gradients (in the namespace `ops` of toolkit/exchange/arrays.py, numpy by default) scaled so their global
+def clip(grads: list, max_norm: float | None, ops) -> tuple[list, float]:
+    """Gradients (in the namespace `ops` of toolkit/exchange/arrays.py) scaled so their global
     L2 norm is at most `max_norm`; (grads, norm before: a host float, or a device scalar on torch's namespace, read
     by the NaN guard with the other pending values)."""
-    from toolkit.exchange import arrays
-    ops = ops or arrays.numpy_ops()
     return ops.clip_by_norm(grads, max_norm)
 
 

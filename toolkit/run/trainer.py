@@ -83,6 +83,7 @@ def run(config: Config) -> dict:
                        f"replica(s) on {session.device}, {spe} steps/epoch, global batch {b * k * world}", config.quiet)
         delay = delays.get(rank, 0.0)
         my_steps = int(spe * fractions.get(rank, 1.0))      # uneven_data: this rank's batches per epoch
+        compiling = config.compile
         while state.epoch < config.epochs:
             epoch = state.epoch
             train_loader.load_state_dict(state.loader if state.loader and state.loader["epoch"] == epoch
@@ -98,7 +99,13 @@ def run(config: Config) -> dict:
                 session.set_lr(lr := session.lr(state.step, spe))
                 if delay:
                     time.sleep(delay)
+                t_step = time.perf_counter()
                 loss = session.train_step(batches)
+                if compiling:       # the first step compiles: its time and what compiling did, said once
+                    compiling = False
+                    session.to_float(loss)
+                    say(rank, f"compile: the first step took {time.perf_counter() - t_step:.1f} s; "
+                              f"{session.compile_report()}", config.quiet)
                 epoch_loss = loss if epoch_loss is None else epoch_loss + loss
                 state.trained += 1      # optimizer steps this rank computed in this process
                 state.step, state.position, state.lr, done = state.step + 1, train_loader.sampler.position, lr, done + 1

@@ -18,9 +18,14 @@ from toolkit.adapters.strategy import Strategy
 class TorchStrategy(Strategy):
     device: Any = None      # torch.device of this rank, set by start()
 
+    @property
+    def wraps_module(self) -> bool:
+        """Whether wrap() puts the model inside a wrapper (DDP, FSDP2)."""
+        return False
+
     def unwrap(self, model):
-        """The user's module (its state_dict has the user's names)."""
-        return model
+        """The user's module (its state_dict has the user's names): a compiled model's original module."""
+        return plain(model)
 
     def full_state(self, part) -> dict:
         """{"model": state_dict, "optimizer": state_dict} of one part, plain tensors: the checkpoint's format."""
@@ -34,3 +39,11 @@ class TorchStrategy(Strategy):
         """A checkpoint's part state, on the rank that read it: loaded here (the broadcast shares it)."""
         self.unwrap(part.model).load_state_dict(state["model"])
         part.optimizer.load_state_dict(state["optimizer"])
+
+
+def plain(model):
+    """The module inside torch.compile's and DDP's wrappers (either order, each at most once)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = getattr(model, "_orig_mod", model)
+    model = model.module if isinstance(model, DDP) else model
+    return getattr(model, "_orig_mod", model)

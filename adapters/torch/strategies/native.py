@@ -138,9 +138,10 @@ class TorchNative(TorchStrategy, Strategy):
                 self.join_context = Join([session.model])
         self.sync_gradients(session, self.config.accumulation_steps == 1)
 
-    def unwrap(self, model):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return model.module if isinstance(model, DDP) else model
+
+    @property
+    def wraps_module(self) -> bool:
+        return not self.exchange
 
     def sync_gradients(self, session, on: bool) -> None:
         model = session.model
