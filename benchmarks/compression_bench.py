@@ -58,6 +58,12 @@ METHODS = [
     ("fp32 hierarchical", ["--hierarchical-exchange"]),
     ("bf16 hierarchical", ["--compression", "bf16", "--hierarchical-exchange"]),
     ("int8 hierarchical", ["--compression", "int8", "--hierarchical-exchange"]),
+    # beside the backward pass (the rows above, torch: overlap on where the gradient fills several buckets) or after it
+    ("bf16 after backward", ["--compression", "bf16", "--no-overlap"]),
+    ("int8 after backward", ["--compression", "int8", "--no-overlap"]),
+    ("int8 5 MB buckets", ["--compression", "int8", "--bucket-mb", "5"]),
+    ("int8 hierarchical after backward", ["--compression", "int8", "--hierarchical-exchange", "--no-overlap"]),
+    ("none compiled", ["--compile"]),          # torch.compile (the warm-up steps compile)
     ("none native (DDP)", ["--backend", "native"]),
     ("int8 hierarchical native", ["--backend", "native", "--compression", "int8", "--hierarchical-exchange"]),
 ]
@@ -242,7 +248,7 @@ def table(rows, results, compute_label: str | None, np_: int = 2) -> str:
     """Medians per row; compression's time against the row without an exchange (forward + backward)."""
     compute = [o["step_ms"] for o in results.get(compute_label, []) if "failed" not in o]
     fwd_bwd = median(compute) if compute else None
-    none = median([o["step_ms"] for o in results["none"] if "failed" not in o] or [float("nan")])
+    none = median([o["step_ms"] for o in results.get("none", []) if "failed" not in o] or [float("nan")])
     lines = []
     for label, _ in rows:
         ok = [o for o in results[label] if "failed" not in o]

@@ -174,7 +174,8 @@ class CommunicationConfig:
                                        "their gradients ready, so it runs beside the rest of the backward pass "
                                        "(compression bf16/int8, flat or hierarchical, every step); unset = "
                                        "{unset}", unset="auto",
-                                 note="(on where the gradient fills more than one bucket)")
+                                 note="(on a GPU where the gradient fills more than one bucket; off on the CPU, "
+                                      "where compression takes the backward pass's cores)")
     bucket_mb: float = _f(25.0, "overlap: megabytes of float32 gradient values per bucket (DDP's bucket_cap_mb)")
     sync: Sync = _f(Sync.EVERY_STEP, "every_step (gradients averaged every step), local_sgd (local_steps local "
                                      "steps, then the models and optimizer slots averaged; also at each epoch's "

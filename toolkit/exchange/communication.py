@@ -66,7 +66,9 @@ class Communication:
             self.exchange = hier or self.exchange       # type: ignore[assignment]
         if self.toolkit and self._overlaps(config, session):
             cap = int(config.bucket_mb * 2**20) // 4
-            if config.overlap or len(buckets.plan(sizes, cap)) > 1:
+            # unset: on a GPU where the gradient fills several buckets; not on the CPU, where the exchange's
+            # compression takes the cores the backward pass runs on (docs/COMMUNICATION.md measures it)
+            if config.overlap or (str(session.device).startswith("cuda") and len(buckets.plan(sizes, cap)) > 1):
                 bucketed = buckets.BucketedExchange(
                     lambda m: hierarchy.HierarchicalExchange(_summing(config, self.ops), hier.levels, hier.average, m)
                     if hier else make_exchange(config, self.ops), sizes, cap, self.ops)
