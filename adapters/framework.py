@@ -44,6 +44,8 @@ class TensorWork(abc.ABC):
         """A loss from train_step (a device tensor: no host sync until asked) as a Python float."""
         return float(value)
 
+    guard_window = 1 << 30      # the most steps the NaN guard leaves unread (MXNet: 1, read one step late)
+
     def compile_report(self) -> str | None:
         """After the first step, what compiling the model did (torch.compile's graph breaks), or None."""
         return None

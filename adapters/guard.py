@@ -42,12 +42,18 @@ class NanGuard:
         self.unchecked.append(item)
         if s.global_step % s.config.nan_check_every == 0:
             self.settle()
+        elif len(self.unchecked) > s.guard_window:      # MXNet: one step late (its engine keeps the values'
+            self._read(self.unchecked[:-1])             # named allreduces in flight until they are read)
+            self.unchecked = self.unchecked[-1:]
 
     def settle(self) -> None:
         """The pending steps' values read (one host read), before weights are evaluated, saved or compared."""
-        if not self.unchecked:
-            return
         items, self.unchecked = self.unchecked, []
+        self._read(items)
+
+    def _read(self, items: list) -> None:
+        if not items:
+            return
         values = self.session.to_floats([value for _, value, _ in items])
         try:
             for (step, _, what), value in zip(items, values):

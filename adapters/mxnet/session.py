@@ -256,6 +256,10 @@ class MxnetSession(DeferredShapes, Session):
     def _drain(self) -> None:
         mx.nd.waitall()     # the next step's allreduces are queued on every rank: finish them before exiting
 
+    # the guard's values end named allreduces (the step's loss over the ranks); MXNet's engine keeps them in
+    # flight until read, and Horovod refuses a second one of the same name: read one step late
+    guard_window = 1
+
     def to_float(self, value) -> float:
         return float(value.asscalar()) if hasattr(value, "asscalar") else float(value)
 
