@@ -149,7 +149,7 @@ class TorchSession(Session):
         if comm is not None and comm.overlapped:
             # overlap: each parameter's accumulated gradient to its bucket (toolkit/exchange/buckets.py)
             ops = self.array_ops
-            for i, p in enumerate(p for p in self.parts[-1].model.parameters() if p.requires_grad):
+            for i, p in enumerate(p for p in part.model.parameters() if p.requires_grad):
                 p.register_post_accumulate_grad_hook(
                     lambda p, i=i: comm.gradient_ready(i, ops.asarray(p.grad.detach())))
         return out

@@ -73,6 +73,7 @@ class BucketedExchange:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolkit-exchange")
         self._lock = threading.Lock()
         self._armed = False
+        self._flat_out = None       # the reduced flat gradient, reused every step
         self._reset()
 
     # what Communication reads, the first bucket's (every bucket's exchange is made alike)
@@ -168,7 +169,7 @@ class BucketedExchange:
         return ops.unflatten(out, grads)
 
     def _out(self):
-        if getattr(self, "_flat_out", None) is None:
+        if self._flat_out is None:
             self._flat_out = self.ops.empty(self.n)
         return self._flat_out
 

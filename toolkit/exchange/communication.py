@@ -70,7 +70,7 @@ class Communication:
             # compression takes the cores the backward pass runs on (docs/COMMUNICATION.md measures it)
             if config.overlap or (str(session.device).startswith("cuda") and len(buckets.plan(sizes, cap)) > 1):
                 bucketed = buckets.BucketedExchange(
-                    lambda m: hierarchy.HierarchicalExchange(_summing(config, self.ops), hier.levels, hier.average, m)
+                    lambda m: hierarchy.HierarchicalExchange(hierarchy.summing(config, self.ops), hier.levels, hier.average, m)
                     if hier else make_exchange(config, self.ops), sizes, cap, self.ops)
                 bucketed.bind(session, self.world)
                 self.exchange = bucketed        # type: ignore[assignment]
@@ -270,13 +270,6 @@ class Communication:
                                   for name in state if name != "since_average" and state[name].ndim == 2})
         self.since_average = int(state["since_average"])
         return None
-
-
-def _summing(config: Config, ops) -> GradientExchange:
-    """The exchange across hosts of a hierarchical one: it sums (the mean is taken after, over every rank)."""
-    x = make_exchange(config, ops)
-    x.average = False
-    return x
 
 
 def horovod_value_bytes(config: Config) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.config import Op
 from toolkit.errors import ToolkitError
 from toolkit.exchange.exchanges import GradientExchange, make_exchange
 
@@ -92,9 +93,14 @@ def make(config, session, ops, values: int) -> HierarchicalExchange | None:
         return None
     if not asked and 1 in shape:        # one host, or one rank a host: nothing to split
         return None
+    return HierarchicalExchange(summing(config, ops), levels(session, shape), config.op is not Op.SUM, values)
+
+
+def summing(config, ops) -> GradientExchange:
+    """The exchange across hosts: it sums the shards (the mean over every rank is taken after)."""
     cross = make_exchange(config, ops)
-    average, cross.average = cross.average, False       # the shards' sum across hosts; divided by N after
-    return HierarchicalExchange(cross, levels(session, shape), average, values)
+    cross.average = False
+    return cross
 
 
 class Group:
