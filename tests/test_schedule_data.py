@@ -129,6 +129,20 @@ def test_datasets_are_real_and_split_the_same_way():
     assert not math.isnan(float(synthetic.x_train.sum()))
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """Every process that trains on digits reads them; importing scikit-learn would cost it ~2 s of CPU."""
+    import subprocess
+    import sys
+    probe = "import sys; from toolkit.data import ondisk; x, y = ondisk.digits_arrays(); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False"], out.stderr[-2000:]
+    from sklearn.datasets import load_digits
+
+    from toolkit.data import ondisk
+    x, y = ondisk.digits_arrays()
+    assert np.array_equal(x, load_digits().data) and np.array_equal(y, load_digits().target)
+
+
 @pytest.mark.parametrize("size, k, b", [(2, 2, 8), (3, 1, 5)])
 def test_step_indices_are_the_shards_and_survive_a_resize(size, k, b):
     n, epoch, seed = 1437, 2, 7

@@ -195,11 +195,8 @@ def load(config: Config) -> Data:
     import numpy as np
 
     if config.dataset == Dataset.DIGITS.value:
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        x = (bunch.data / 16.0).astype(np.float32)
-        y = bunch.target.astype(np.int64)
+        pixels, y = ondisk.digits_arrays()
+        x = (pixels / 16.0).astype(np.float32)
         classes = 10
     else:
         teacher = np.random.RandomState(1234)

@@ -218,6 +218,24 @@ def text(spec: str, path: str, context: int):
     return windows(tokens[:cut]), windows(tokens[cut:])
 
 
+def digits_arrays():
+    """scikit-learn's digits: (pixels float64 [1797, 64] in 0..16, labels int64 [1797]), what
+    `sklearn.datasets.load_digits()` returns as `data` and `target`. Read from the file scikit-learn
+    ships without importing scikit-learn (its import costs ~2 s of CPU in every process that trains on
+    digits); `load_digits()` where that file is not where scikit-learn keeps it."""
+    import importlib.util
+
+    import numpy as np
+    spec = importlib.util.find_spec("sklearn")
+    shipped = Path((spec.submodule_search_locations or [""])[0] if spec else "") / "datasets" / "data" / "digits.csv.gz"
+    if spec and shipped.is_file():
+        table = np.loadtxt(shipped, delimiter=",")
+        return table[:, :-1], table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+    bunch = load_digits()
+    return bunch.data, bunch.target.astype(np.int64)
+
+
 def digits_folder(root: Path, per_class: int | None = None, layout: str = "classes") -> Path:
     """scikit-learn's digits as 8x8 grayscale PNGs, an image folder made without a download:
     `root/<digit>/<i>.png` ("classes": the reader holds a fixed fraction out) or `root/train/<digit>/...`
@@ -225,10 +243,9 @@ def digits_folder(root: Path, per_class: int | None = None, layout: str = "class
     the first N of each class. examples/digits_images.py is its command line."""
     import numpy as np
     from PIL import Image
-    from sklearn.datasets import load_digits
-    bunch = load_digits()
+    pixels, labels = digits_arrays()
     counts: dict = {}
-    for i, (image, label) in enumerate(zip(bunch.images, bunch.target)):
+    for i, (image, label) in enumerate(zip(pixels.reshape(-1, 8, 8), labels)):
         counts[label] = counts.get(label, 0) + 1
         if per_class is not None and counts[label] > per_class:
             continue
