@@ -40,6 +40,10 @@ NT = "tests/test_native_torch.py"
 TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
 MH = "tests/test_multihost.py"
 MUTANTS = [
+    Mutant("gpu-check-times-plain-twice", "the GPU check times the toolkit's step, not the plain loop twice",
+           (("benchmarks/gpu_check.py", 'loops = {"toolkit": toolkit_steps, "plain": plain_steps}',
+             'loops = {"toolkit": plain_steps, "plain": plain_steps}'),),
+           ("tests/test_gpu_check.py::test_the_gpu_check_runs_dry_on_the_cpu",)),
     Mutant("digits-through-sklearn", "digits are read without importing scikit-learn (its import costs every process ~2 s)",
            (("toolkit/data/ondisk.py", "    if spec and shipped.is_file():", "    if spec and shipped.is_file() and False:"),),
            ("tests/test_schedule_data.py::test_digits_are_scikit_learns_read_without_importing_it",)),

@@ -42,3 +42,4 @@ def test_the_benchmarks_the_docs_name_exist(page):
     missing = [m for m in re.findall(r"-m benchmarks\.(\w+)", text) if not (ROOT / "benchmarks" / f"{m}.py").is_file()]
     missing += [p for p in re.findall(r"\b((?:benchmarks|examples)/[\w/]+\.py)\b", text) if not (ROOT / p).is_file()]
     assert not missing, f"{page.name} names benchmark scripts that do not exist: {missing}"
+

@@ -16,6 +16,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import toolkit  # noqa: E402
+from benchmarks.syncs import SyncCounter  # noqa: E402
 from tests import user_code  # noqa: E402
 
 
@@ -109,34 +110,6 @@ def main() -> int:
                     if steps == a.stop_at:
                         return finish(session, a, initial, seen, n)
     return finish(session, a, initial, seen, n, **({"syncs": counter.steps} if a.count_syncs else {}))
-
-
-class SyncCounter:
-    """torch: the calls inside backward + step that make the host wait for the device (or read a tensor's
-    values into Python), counted per optimizer step (a TorchFunctionMode sees every tensor method)."""
-    NAMES = {"item", "__float__", "__int__", "__bool__", "__index__", "tolist", "cpu", "numpy", "__array__"}
-
-    def __init__(self):
-        from torch.overrides import TorchFunctionMode
-        counter = self
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                name = getattr(func, "__name__", "")
-                if name in SyncCounter.NAMES:
-                    counter.calls[name] = counter.calls.get(name, 0) + 1
-                return func(*args, **(kwargs or {}))
-        self.mode, self.calls, self.steps = Mode(), {}, []
-
-    def __enter__(self):
-        self.mode.__enter__()
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-
-    def end_step(self):
-        self.steps.append(self.calls)
-        self.calls = {}
 
 
 def stepwise(session, loader, a, initial, seen, n) -> int:
