@@ -80,11 +80,26 @@ def test_compressed_allreduce_on_three_ranks(fw, tmp_path):
         assert max_diff(params(fw, tmp_path / "c"), params(fw, tmp_path / "b")) < 1e-6
 
 
-def test_powersgd_trains_and_keeps_replicas_identical(fw):
+POWERSGD = ["--compression", "powersgd", "--powersgd-rank", "2"]
+_STRAIGHT: dict = {}
+
+
+def straight_run(fw, method, tmp_path_factory) -> tuple[dict, object]:
+    """2 epochs of `method` with checkpoints, made once per (framework, method): shared by the test of
+    what the method trains and the test that resumes it."""
+    key = (fw, tuple(method))
+    if key not in _STRAIGHT:
+        folder = tmp_path_factory.mktemp("straight")
+        _STRAIGHT[key] = (train_job("gloo", digits(fw) + method + ["--epochs", "2", "--checkpoint-dir", folder]),
+                          folder)
+    return _STRAIGHT[key]
+
+
+def test_powersgd_trains_and_keeps_replicas_identical(fw, tmp_path_factory):
     """PowerSGD rank 2 through two allreduces a step, in every framework: the replicas end bit for bit
     equal (every rank rebuilds the same P Q^T), and the digits MLP sends about a tenth of its values
     (W1 64x64 -> (64 + 64) x 2, W2 10x64 -> (10 + 64) x 2, the 74 bias values whole: 478 of 4810)."""
-    out = train_job("gloo", digits(fw) + ["--epochs", "2", "--compression", "powersgd", "--powersgd-rank", "2"])
+    out, _ = straight_run(fw, POWERSGD, tmp_path_factory)
     assert_replicas(out)
     assert out["compression"] == "powersgd" and "powersgd rank 2" in out["path"]
     assert out["bytes_sent_per_step"] == 478 * 4
@@ -93,19 +108,17 @@ def test_powersgd_trains_and_keeps_replicas_identical(fw):
 
 
 @pytest.mark.parametrize("fw", ["torch"], indirect=True)
-@pytest.mark.parametrize("method", [["--compression", "powersgd", "--powersgd-rank", "2"],
-                                    ["--compression", "topk", "--dgc", "--dgc-warmup-epochs", "1"]],
+@pytest.mark.parametrize("method", [POWERSGD, ["--compression", "topk", "--dgc", "--dgc-warmup-epochs", "1"]],
                          ids=["powersgd", "dgc"])
-def test_powersgd_and_dgc_resume_exactly(fw, method, tmp_path):
+def test_powersgd_and_dgc_resume_exactly(fw, method, tmp_path, tmp_path_factory):
     """Their state (PowerSGD: the residuals and Q; DGC: the velocity and the momentum, and the density
     warm-up by epoch) is saved per rank: a resume lands on the uninterrupted run's parameters."""
-    common = digits(fw) + method + ["--epochs", "2"]
-    straight = train_job("gloo", common + ["--checkpoint-dir", tmp_path / "a"])
+    straight, folder = straight_run(fw, method, tmp_path_factory)
     assert_replicas(straight)
-    cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
-    resumed = train_job("gloo", common + ["--resume", "--checkpoint-dir", tmp_path / "b"])
+    cut = interrupted_copy(folder, tmp_path / "b")
+    resumed = train_job("gloo", digits(fw) + method + ["--epochs", "2", "--resume", "--checkpoint-dir", tmp_path / "b"])
     assert_resumed(resumed, straight, cut)
-    assert max_diff(params(fw, tmp_path / "a"), params(fw, tmp_path / "b")) < 1e-6
+    assert max_diff(params(fw, folder), params(fw, tmp_path / "b")) < 1e-6
 
 
 @pytest.mark.parametrize("fw", ["torch"], indirect=True)
