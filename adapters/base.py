@@ -71,6 +71,7 @@ class Session(TensorWork):
         self.topology: Topology = None    # type: ignore[assignment]  # set by start(), before any verb
         self.loaders: list[Loader] = []
         self.micro = 0              # micro-batches since the last optimizer step (accumulation)
+        self._stepped: list[Part] = []  # the parts stepped since the last backward pass (several models)
         self.global_step = 0        # optimizer steps, counted from the checkpoint resumed from
         self.grad_norm = None       # the last step's reduced gradient norm, before clipping (where measured)
         self.step_loss = None       # the last step's loss averaged over the ranks (nan_guard, Horovod's paths)
@@ -259,23 +260,50 @@ class Session(TensorWork):
         """After each micro-batch's backward(): every `accumulation_steps`-th call reduces the
         gradients (Horovod's allreduce, or the toolkit's compression / local SGD) and applies them.
         Returns whether this call stepped. With several models, `optimizer` (one setup() returned)
-        says which steps; the gradients this backward gave the other models are dropped (as each
-        model's own zero_grad() before its step drops them in a plain loop)."""
+        says which steps: after one backward pass each model it reached steps once, in any order (a
+        backbone and a head with their own optimizers), and `step()` with no optimizer steps all of
+        them. A model's gradients that no step used are dropped when the next backward pass starts
+        (as each model's own zero_grad() before its backward drops them in a plain loop)."""
+        if optimizer is None and len(self.parts) > 1:
+            return self._step_each()
         part = part_of(self.parts, self._part, optimizer)
-        if self.micro == 0:
-            raise ToolkitError("session.step() without a session.backward(loss) before it")
-        if self.micro < self.config.accumulation_steps:
+        first = self.micro > 0
+        if not first and (not self._stepped or any(p is part for p in self._stepped)):
+            raise ToolkitError("session.step() without a session.backward(loss) before it"
+                               + (" (each optimizer steps once after a backward)" if self._stepped else ""))
+        if first and self.micro < self.config.accumulation_steps:
             return False
         with self._using(part):
             self._finish_step(None)
-        for other in self.parts:
-            if other is not part:
-                with self._using(other):
-                    self.strategy.discard(self)
+        if first:                   # one optimizer step of the job, whichever models it steps
+            self._stepped = []
+            self.global_step += 1
+        self._stepped.append(part)
         self.micro = 0
-        self.global_step += 1
         self.guard.after_step(None)
         return True
+
+    def _step_each(self) -> bool:
+        """`step()` with several models: each one the last backward pass reached, in setup() order."""
+        if self.micro and self.micro < self.config.accumulation_steps:
+            return False
+        due = [p for p in self.parts if not any(p is q for q in self._stepped) and self.has_gradients(p)]
+        if self.micro == 0 or not due:
+            raise ToolkitError("session.step() without a session.backward(loss) before it reached a model still "
+                               "to step; name one with session.step(optimizer)")
+        for part in due:
+            self.step(part.optimizer)
+        return True
+
+    def _new_backward(self) -> None:
+        """Before a backward pass that starts an optimizer step (several models): the gradients an
+        earlier backward gave the models no step used are dropped (their reductions finished first)."""
+        if self.micro == 0 and self._stepped:
+            for other in self.parts:
+                if not any(other is p for p in self._stepped):
+                    with self._using(other):
+                        self.strategy.discard(self)
+            self._stepped = []
 
     def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
         """One optimizer step on `accumulation_steps` micro-batches `(x, y)` with the setup model
@@ -433,6 +461,7 @@ class Session(TensorWork):
         self._metrics.write(step, values)
 
     def close(self) -> None:
+        self._new_backward()        # several models: reductions no step waited for, finished
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

@@ -3,10 +3,12 @@ framework. The folder format (atomic `ckpt-<step>/` folders, a sha256 of every f
 newest `keep_checkpoints` kept) is toolkit/run/checkpoint.py's; the framework's own files come from the
 session's hooks, handed in by the session (adapters/framework.py: gather, write and read its objects).
 
-    save   a collective: buffers averaged, the exchange's residuals and sharded state gathered, then
-           rank 0 writes (a folder it cannot write stops every rank with the same line)
+    save   a collective: buffers averaged, the exchange's residuals, sharded state and every rank's
+           random generators (adapters/randomness.py) gathered, then rank 0 writes (a folder it cannot
+           write stops every rank with the same line)
     load   rank 0 verifies and reads the newest checkpoint, the outcome (or the error) broadcast first,
-           then the same broadcast as at setup shares it; elastic (`collective=False`): rank 0 alone
+           then the same broadcast as at setup shares it, and each rank takes its random generators
+           back; elastic (`collective=False`): rank 0 alone
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit import messages
+from toolkit.adapters import randomness
 from toolkit.errors import ToolkitError
 from toolkit.run import checkpoint
 
@@ -35,11 +38,14 @@ class Checkpointer:
         session.sync_buffers()
         comm_state = session.communication.gather_state()       # a collective: every rank takes part
         self.gather()                                            # a collective where the state is sharded
+        generators = session.allgather_object(session.random_state(), name="toolkit.random")
         meta = {**progress, "loaders": [loader.state_dict() for loader in session.loaders]}
-        return session.on_main(lambda: checkpoint.save(directory, session.global_step, meta,
-                                                       lambda folder: (self.write(folder),
-                                                                       session.communication.write(folder,
-                                                                                                   comm_state)),
+
+        def write(folder: Path) -> None:
+            self.write(folder)
+            session.communication.write(folder, comm_state)
+            randomness.write(folder, generators)
+        return session.on_main(lambda: checkpoint.save(directory, session.global_step, meta, write,
                                                        keep=session.config.keep_checkpoints),
                                name="toolkit.checkpoint_error")
 
@@ -57,7 +63,8 @@ class Checkpointer:
                     raise ToolkitError(f"checkpoint {path} cannot be loaded ({e.__class__.__name__}: "
                                        f"{str(e).splitlines()[0] if str(e) else ''}); move it out of the "
                                        f"folder to resume from the one before") from None
-                outcome = {"meta": meta, "path": str(path), "communication": saved_comm}
+                outcome = {"meta": meta, "path": str(path), "communication": saved_comm,
+                           "random": randomness.read(path)}
             except ToolkitError as e:
                 if not collective:
                     raise
@@ -70,6 +77,7 @@ class Checkpointer:
             note = session.communication.load(outcome["communication"])
             if note:
                 messages.say(session.rank, f"warning: {note}", session.config.quiet)
+            self._restore_random(outcome.get("random"), int(outcome["meta"]["step"]))
         elif not session.is_main:
             return {}
         meta = outcome["meta"]
@@ -78,3 +86,17 @@ class Checkpointer:
         session.global_step = int(meta["step"])
         messages.say(session.rank, f"resumed from {outcome['path']} (step {meta['step']})", session.config.quiet)
         return meta
+
+    def _restore_random(self, saved: dict | None, step: int) -> None:
+        """Every rank's generators as they were at the save (the same number of ranks, a framework that
+        can set its generator back), else reseeded from (seed, step, rank) and said once."""
+        session = self.session
+        if saved and saved["ranks"] == session.size and session.random_restorable:
+            session.set_random_state(saved["states"][session.rank])
+            return
+        session._seed(randomness.reseed_value(session.config.seed, step, session.rank))
+        why = ("the checkpoint holds none" if not saved else
+               f"it was saved by {saved['ranks']} rank{'s' * (saved['ranks'] != 1)}, resumed on {session.size}" if saved["ranks"] != session.size
+               else f"{session.name}'s generator cannot be read back")
+        messages.say(session.rank, f"random generators: {why}; reseeded from (seed, step, rank)",
+                     session.config.quiet)

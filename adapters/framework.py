@@ -54,6 +54,10 @@ class TensorWork(abc.ABC):
         """Several such values as Python floats (where the framework can: one host read for all of them)."""
         return [self.to_float(v) for v in values]
 
+    def has_gradients(self, part) -> bool:
+        """Whether a backward pass gave `part`'s model gradients that no step used yet (several models)."""
+        return True
+
     def _buffers(self) -> list:
         """The model's floating-point state that is not trained (numpy); [] if none."""
         return []
@@ -75,6 +79,26 @@ class TensorWork(abc.ABC):
 
     @abc.abstractmethod
     def _seed(self, seed: int) -> None: ...
+
+    # the framework's random generators in checkpoints (adapters/randomness.py has Python's and numpy's)
+    random_restorable = True        # False: its generator cannot be read back (MXNet): resume reseeds
+
+    def _framework_random(self) -> dict:
+        """This rank's framework generators as JSON (lists, base64 strings)."""
+        return {}
+
+    def _set_framework_random(self, state: dict) -> None:
+        """The framework's generators set back to what `_framework_random` returned."""
+
+    def random_state(self) -> dict:
+        """This rank's random generators (Python's, numpy's, the framework's) as JSON."""
+        from toolkit.adapters import randomness
+        return randomness.capture(self._framework_random())
+
+    def set_random_state(self, state: dict) -> None:
+        from toolkit.adapters import randomness
+        self._set_framework_random(state)       # first: making a generator may draw from Python's (Keras's does)
+        randomness.restore(state)
 
     @abc.abstractmethod
     def _place(self, model):

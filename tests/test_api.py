@@ -83,12 +83,16 @@ def test_accumulation_equals_one_large_batch(fw, tmp_path):
 def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_once(fw, tmp_path):
     # 16 steps an epoch; the whole run saves after 10 (mid-epoch 0; BatchNorm's statistics synced there)
     # and nothing else: its checkpoint folder is what a run stopped after step 10 leaves (the runs are
-    # deterministic; a run that stopped there saved the same files), so the resume starts from a copy of it
+    # deterministic; a run that stopped there saved the same files), so the resume starts from a copy of it.
+    # torch and Keras 3: every batch gets noise from Python's, numpy's and the framework's generators, which
+    # the checkpoint keeps per rank (MXNet's generator cannot be read back: its resume reseeds, said once)
+    noise = [] if fw == "mxnet" else ["--random"]
     whole = user_loop(fw, tmp_path / "whole.json", "--epochs", "2", "--save-at", "10",
-                      "--checkpoint-dir", tmp_path / "a")
+                      "--checkpoint-dir", tmp_path / "a", *noise)
     assert len([p for p in (tmp_path / "a").iterdir() if p.name.startswith("ckpt-")]) == 1
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    rest = user_loop(fw, tmp_path / "rest.json", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--resume")
+    rest = user_loop(fw, tmp_path / "rest.json", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--resume",
+                     *noise)
     assert rest["steps"] == whole["steps"] == 32
     assert max_diff(rest["weights"], whole["weights"]) < 1e-6
     assert rest["final_digests"] == whole["final_digests"]
@@ -96,6 +100,19 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_onc
     cut = {"seen": [{"0": per_rank["0"][:10 * 16]} for per_rank in whole["seen"]]}
     counts = seen_per_epoch(cut, rest)
     assert set(counts[0].values()) == {1} and len(counts[0]) == 512 and len(counts[1]) == 512
+
+
+@pytest.mark.parametrize("fw", ["torch", "torch-native"], indirect=True)
+def test_one_backward_then_each_optimizer_steps_as_one_optimizer_over_both(fw, tmp_path):
+    """A backbone and a head set up with their own optimizers, one loss: after each backward both step
+    (by name, in any order; Horovod: also session.step() for both), and the job ends bit for bit where one
+    optimizer over the whole model ends, one optimizer step counted per backward."""
+    one = user_loop(fw, tmp_path / "one.json", "--epochs", "1", "--two-optimizers", "one")
+    variants = ["named", "all"] if fw == "torch" else ["named"]
+    for variant in variants:
+        two = user_loop(fw, tmp_path / f"{variant}.json", "--epochs", "1", "--two-optimizers", variant)
+        assert len(set(two["final_digests"])) == 1 and two["final_digests"] == one["final_digests"], (variant, two)
+        assert max_diff(two["weights"], one["weights"]) == 0 and two["steps"] == one["steps"] == 16
 
 
 def test_the_built_in_script_trains_a_user_module(fw, tmp_path):

@@ -46,13 +46,15 @@ def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_m
 def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_path):
     """One 5-epoch training cut into five jobs, each resuming the one before on another engine: native ->
     horovod -> native fsdp -> native zero1 -> horovod, ends bit-identical to horovod's uninterrupted run (so
-    each engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`)."""
-    straight = train_job("gloo", DIGITS + ["--epochs", "5"])
+    each engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`). Adam: both
+    engines start it empty (Horovod's own broadcast would step it once on zero gradients)."""
+    adam = DIGITS + ["--optimizer", "adam", "--lr", "0.005"]
+    straight = train_job("gloo", adam + ["--epochs", "5"])
     folder = str(tmp_path / "ckpt")
     chain = [("native", []), ("gloo", []), ("native", ["--sharding", "fsdp"]), ("native", ["--sharding", "zero1"]),
              ("gloo", [])]
     for epochs, (launcher, extra) in enumerate(chain, start=1):
-        out = train_job(launcher, DIGITS + ["--epochs", str(epochs), "--checkpoint-dir", folder, *extra] +
+        out = train_job(launcher, adam + ["--epochs", str(epochs), "--checkpoint-dir", folder, *extra] +
                         (["--resume"] if epochs > 1 else []))
         assert len(set(out["final_digests"])) == 1, (epochs, out)
         if epochs == 1:     # the first epoch on native from scratch: the replicas start apart, end equal

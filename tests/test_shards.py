@@ -4,6 +4,7 @@ ids=True)` on 2 ranks, stopped mid-epoch and resumed on 3 (TensorFlow: on 1; a c
 once per epoch (counted by id); the built-in script trains ResNet-18 from `shards:PATH` on 2 ranks.
 The plan's rules alone: tests/test_streams.py."""
 import json
+import re
 import sys
 
 import pytest
@@ -30,7 +31,7 @@ def stream_loop(fw, ranks, out, *args) -> dict:
             *STREAM_LOOP, "--framework", fw, "--out", out, *args]
     proc = run(argv, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "stderr": proc.stderr}
 
 
 @pytest.mark.parametrize("fw, world", [("torch", 3), ("tensorflow", 1), ("mxnet", 3)])
@@ -55,6 +56,10 @@ def test_every_sample_once_per_epoch_across_a_resume_on_more_ranks(fw, world, im
     assert len(epoch2) == len(set(epoch2)), "a sample read twice across the resume"
     assert 0 <= n - len(epoch2) < 16 * world and rest["steps"] - first["steps"] == (n - 6 * 32) // (16 * world)
     assert rest["world"] == world
+    # each rank's random generators cannot continue on another number of ranks: reseeded, said once
+    said = re.findall(r"random generators: .*", rest["stderr"])
+    assert said == [f"random generators: it was saved by 2 ranks, resumed on {world}; reseeded from (seed, step, "
+                    "rank)"], rest["stderr"][-3000:]
     assert rest["accuracy"] > 0.3, rest["accuracy"]     # a linear model of the pixels, 1.5 epochs; chance 0.1
     # the built-in script: ResNet-18 on 2 ranks from two of the shards (a brace pattern), every split's
     # samples decoded and augmented as imagefolder: does

@@ -77,20 +77,28 @@ def test_torchs_own_scheduler_steps_the_optimizer_setup_returns(tmp_path):
     assert two[0]["lrs"][0] > two[0]["lrs"][-1]
 
 
-def test_several_models_are_refused_in_one_line_where_they_cannot_train(tmp_path):
-    """step() without naming the optimizer when there are two; a second model with the toolkit's
-    exchange (compression int8)."""
+def test_step_without_an_optimizer_steps_what_the_loss_reached_and_each_once(tmp_path):
+    """Two models, a loss that reaches one: step() steps that one (the other keeps its weights), one
+    optimizer step counted; stepping it again before another backward is one line; a second model
+    with the toolkit's exchange (compression int8) is refused in one line."""
     script = tmp_path / "two.py"
     script.write_text(
         "import sys, torch, toolkit\n"
         "s = toolkit.start(framework='torch', compression=sys.argv[1])\n"
         "a, oa = s.setup(torch.nn.Linear(2, 1))\n"
         "b, ob = s.setup(torch.nn.Linear(2, 1))\n"
+        "wa, wb = a.weight.detach().clone(), b.weight.detach().clone()\n"
         "s.backward(a(torch.ones(1, 2)).sum())\n"
-        "s.step()\n")
-    for compression, needle in (("none", "name the one to step: session.step(optimizer)"),
+        "print(s.step(), bool((a.weight != wa).any()), bool((b.weight != wb).any()), s.global_step)\n"
+        "s.step(oa)\n")
+    proc = run([sys.executable, script, "none"])
+    assert proc.stdout.split() == ["True", "True", "False", "1"], proc.stdout + proc.stderr[-2000:]
+    for compression, needle in (("none", "session.step() without a session.backward(loss) before it (each optimizer "
+                                         "steps once after a backward)"),
                                 ("int8", "several models train on Horovod's own reduce only")):
-        proc = run([sys.executable, script, compression])
+        proc = run([sys.executable, script, compression]) if compression != "none" else proc
         assert proc.returncode != 0     # a library call raises (the user's script decides what to print)
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("toolkit.errors.ToolkitError: ") and needle in last, proc.stderr[-2000:]
+
+

@@ -69,6 +69,12 @@ def main() -> int:
     p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
                    "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
     p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
+    p.add_argument("--two-optimizers", choices=["one", "named", "all"], help="torch, the model without BatchNorm "
+                   "as a backbone and a head: one: one optimizer over both (the reference); named: each set up with "
+                   "its own, both stepped after each backward (session.step(head's), then backbone's); all: "
+                   "session.step() steps both")
+    p.add_argument("--random", action="store_true", help="add noise drawn from Python's, numpy's and the "
+                   "framework's generators to every batch (a resume must continue their streams)")
     p.add_argument("--compile", action="store_true", help="torch: session.setup(torch.compile(model))")
     p.add_argument("--count-syncs", action="store_true", help="torch: count the calls that make the host wait for "
                    "the device (item, float, bool, tolist, cpu, numpy, ...) inside backward + step, per step")
@@ -81,6 +87,8 @@ def main() -> int:
                             resume=a.resume, **keys)
     with session.scope():
         model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
+    if a.two_optimizers:
+        return two_optimizers(session, plain_model("torch"), a)
     if a.compile:
         import torch
         model = torch.compile(model)
@@ -97,7 +105,7 @@ def main() -> int:
         loader.set_epoch(epoch)
         for x, y in loader:
             seen.setdefault(epoch, []).extend(int(round(float(v) * n)) for v in host(x)[:, 0])
-            forward = loss_and_tape(a.framework, session, model, x, y)
+            forward = loss_and_tape(a.framework, session, model, noisy(a.framework, x) if a.random else x, y)
             with counter:
                 session.backward(*forward)
                 stepped = session.step()
@@ -110,6 +118,45 @@ def main() -> int:
                     if steps == a.stop_at:
                         return finish(session, a, initial, seen, n)
     return finish(session, a, initial, seen, n, **({"syncs": counter.steps} if a.count_syncs else {}))
+
+
+def two_optimizers(session, model, a) -> int:
+    """One loss over a backbone and a head with their own optimizers (Horovod's two DistributedOptimizers,
+    or DDP twice), as a plain loop steps them: backward once, then each optimizer."""
+    import hashlib
+
+    import torch
+    import torch.nn.functional as F
+
+    def sgd(module):
+        return torch.optim.SGD(module.parameters(), lr=a.lr, momentum=a.momentum)
+    if a.two_optimizers == "one":
+        whole, _ = session.setup(model, sgd(model))
+        forward = whole
+    else:
+        backbone, opt_backbone = session.setup(model[:2], sgd(model[:2]))
+        head, opt_head = session.setup(model[2:], sgd(model[2:]))
+
+        def forward(x):
+            return head(backbone(x))
+    data, _ = indexed("torch")
+    loader = session.loader(data)
+    for epoch in range(a.epochs):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            session.backward(F.cross_entropy(forward(x), y))
+            if a.two_optimizers == "named":
+                session.step(opt_head), session.step(opt_backbone)      # any order, each once
+            else:
+                session.step()
+    weights = [p.detach().cpu().numpy().copy() for p in model.parameters()]    # the modules setup() shares
+    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
+    digests = session.allgather_object(digest, name="two_optimizers")
+    if session.is_main:
+        np.savez(a.out + ".npz", *weights)
+        Path(a.out).write_text(json.dumps({"final_digests": digests, "steps": session.global_step}))
+    session.close()
+    return 0
 
 
 def stepwise(session, loader, a, initial, seen, n) -> int:
@@ -140,6 +187,21 @@ def host(tensor) -> np.ndarray:
             out = getattr(tensor, read)()
             return out if isinstance(out, np.ndarray) else out.numpy()
     return np.asarray(tensor)
+
+
+def noisy(framework: str, x):
+    """x plus noise drawn from every generator a loop may use: Python's, numpy's and the framework's
+    (torch's global generator; Keras 3's global seed generator; MXNet's)."""
+    import random
+    shift = 0.01 * random.random() + 0.01 * float(np.random.standard_normal())
+    if framework == "torch":
+        import torch
+        return x + shift + 0.01 * torch.randn_like(x)
+    if framework == "tensorflow":
+        import keras
+        return x + shift + 0.01 * keras.random.normal(x.shape)
+    import mxnet as mx
+    return x + shift + 0.01 * mx.nd.random.normal(shape=x.shape, ctx=x.context)
 
 
 def loss_and_tape(framework: str, session, model, x, y, scale: float = 1.0):

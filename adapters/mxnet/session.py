@@ -58,6 +58,8 @@ class MxnetSession(DeferredShapes, Session):
         # bf16: AMP, before any model is built
         return Precision(self.config.precision.value, on_cpu=self.ctx.device_type == "cpu")
 
+    random_restorable = False       # MXNet's generator cannot be read back: resume reseeds
+
     def _seed(self, seed: int) -> None:
         random.seed(seed)
         np.random.seed(seed % 2**32)

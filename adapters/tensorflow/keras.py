@@ -74,6 +74,32 @@ class KerasSession(Session):
     def _seed(self, seed: int) -> None:
         self.keras.utils.set_random_seed(seed)
 
+    def _seed_states(self) -> list:
+        """Keras 3's random state: its global seed generator's (`keras.random.*` without a seed) and each
+        set-up model's own (Dropout and the other random layers keep a `SeedGenerator`). TensorFlow's
+        stateful ops without a generator (`tf.random.normal`) keep theirs out of reach: not restored."""
+        try:
+            from keras.src.random.seed_generator import global_seed_generator
+            found = [global_seed_generator().state]
+        except (ImportError, AttributeError):          # a Keras that moved it: the models' own only
+            found = []
+        for part in self.parts:
+            found += [v for v in part.model.variables if v.name == "seed_generator_state"]
+        return found
+
+    def _framework_random(self) -> dict:
+        from toolkit.adapters import randomness
+        return {"keras": [[str(v.dtype), randomness.encode(np.asarray(v.numpy()))] for v in self._seed_states()]}
+
+    def _set_framework_random(self, state: dict) -> None:
+        from toolkit.adapters import randomness
+        variables = self._seed_states()
+        if len(variables) != len(state["keras"]):
+            raise ToolkitError(f"the checkpoint holds {len(state['keras'])} Keras seed generators, this model "
+                               f"{len(variables)}: resume with the model that saved it")
+        for v, (dtype, text) in zip(variables, state["keras"]):
+            v.assign(randomness.decode(text, np.dtype(dtype)).reshape(v.shape))
+
     def _make_precision(self):
         """The config's mixed policy for every model built after start; fp16's loss scale."""
         from toolkit.adapters.tensorflow.precision import Precision

@@ -39,6 +39,11 @@ class TfKerasSession(TensorflowSession):
         return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(labels, tf.cast(logits, tf.float32),
                                                                               from_logits=True))
 
+    random_restorable = False       # tf-keras draws from TensorFlow's stateful ops: resume reseeds
+
+    def _framework_random(self) -> dict:
+        return {}
+
     def _with_weight_decay(self, grads):
         return grads        # tf-keras: the L2 regularizers of the model's layers (build_model)
 

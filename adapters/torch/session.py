@@ -54,6 +54,27 @@ class TorchSession(Session):
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
 
+    def _framework_random(self) -> dict:
+        from toolkit.adapters import randomness
+        cuda = ([randomness.encode(s.numpy()) for s in torch.cuda.get_rng_state_all()]
+                if torch.cuda.is_available() and torch.cuda.is_initialized() else [])
+        return {"torch": randomness.encode(torch.get_rng_state().numpy()), "cuda": cuda}
+
+    def _set_framework_random(self, state: dict) -> None:
+        from toolkit.adapters import randomness
+        torch.set_rng_state(torch.from_numpy(randomness.decode(state["torch"], np.uint8)))
+        if state.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.from_numpy(randomness.decode(s, np.uint8)) for s in state["cuda"]])
+
+    _streams_read = 0
+
+    def _loader_generator(self, epoch: int) -> torch.Generator:
+        """The DataLoader's own generator (its workers' base seed), seeded by (seed, epoch, rank): left to
+        itself each DataLoader iterator draws from torch's global generator, so a resumed run's
+        dropout and noise would follow other numbers than the uninterrupted run's."""
+        from toolkit.adapters import randomness
+        return torch.Generator().manual_seed(randomness.reseed_value(self.config.seed, epoch, self.rank))
+
     # -- the user's objects -------------------------------------------------------------------------
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.torch import models
@@ -98,7 +119,8 @@ class TorchSession(Session):
 
     def _stream_batches(self, data, batch_size, drop_last, **reader):
         options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda",
-                   "drop_last": drop_last, **reader}
+                   "drop_last": drop_last, "generator": self._loader_generator(self._streams_read), **reader}
+        self._streams_read += 1         # each pass its own workers' seeds, as each epoch of a dataset
         loader = torch.utils.data.DataLoader(data, batch_size=batch_size, **options)
         return (map_structure(self.to_device, batch) for batch in loader)
 
@@ -108,7 +130,8 @@ class TorchSession(Session):
     def _dataset_batches(self, data, plan, sampler, **reader):
         """torch's DataLoader over the plan's batches; `reader`: the user's DataLoader options
         (collate_fn, num_workers, pin_memory, ...), over the config's defaults."""
-        options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda", **reader}
+        options = {"num_workers": self.config.loader_workers, "pin_memory": self.torch_device.type == "cuda",
+                   "generator": self._loader_generator(getattr(sampler, "epoch", 0)), **reader}
         batches = torch.utils.data.DataLoader(data, batch_sampler=[idx.tolist() for idx in plan], **options)
         for batch in batches:
             yield map_structure(self.to_device, batch)
@@ -159,7 +182,11 @@ class TorchSession(Session):
         if self.communication is not None:
             self.communication.arm(last)
 
+    def has_gradients(self, part) -> bool:
+        return any(p.grad is not None for p in part.model.parameters())
+
     def backward(self, loss, tape=None) -> None:
+        self._new_backward()
         k = self.config.accumulation_steps
         loss = loss / k if k > 1 else loss
         self.strategy.sync_gradients(self, self.micro == k - 1)       # read by this backward (FSDP)

@@ -65,9 +65,19 @@ class TorchHorovod(TorchStrategy, HorovodStrategy):
             compression=compression, backward_passes_per_step=self.config.accumulation_steps, op=op)
 
     def broadcast(self, session, root: int = 0) -> None:
-        # Optimizer state first: Horovod fills an empty state with a zero-gradient step, which
-        # must not touch parameters after they are made equal.
-        self.hvd.broadcast_optimizer_state(session.optimizer, root_rank=root)
+        """The root's optimizer state, then its parameters. Horovod's broadcast_optimizer_state fills an
+        empty state with a step on zero gradients (Adam's step count starts at 1, weight decay applied
+        once): a fresh optimizer (empty on the root) shares only its hyperparameters, as DDP starts, so
+        both engines train the same script alike; a loaded one (a resume) goes through Horovod's, before
+        the parameters are made equal (its zero step on the other ranks must not touch them after)."""
+        optimizer = session.optimizer
+        if session.broadcast_object(bool(optimizer.state_dict()["state"]), name="toolkit.optimizer_state", root=root):
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=root)
+        else:
+            options = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+            for group, chosen in zip(optimizer.param_groups,
+                                     session.broadcast_object(options, name="toolkit.optimizer_options", root=root)):
+                group.update(chosen)
         self.hvd.broadcast_parameters(session.model.state_dict(), root_rank=root)
 
     def discard(self, session) -> None:
