@@ -192,10 +192,7 @@ def test_every_relative_link_points_at_a_file_and_heading(path):
     assert not broken, f"{name(path)}: " + "; ".join(broken)
 
 
-USER_PAGES = [p for p in FILES if p.name not in ("TESTING.md", "ARCHITECTURE.md")]   # those two are the developers'
-
-
-@pytest.mark.parametrize("path", USER_PAGES, ids=name)
+@pytest.mark.parametrize("path", FILES, ids=name)
 def test_user_pages_speak_about_the_product_not_its_making(path):
     """A user can neither see nor act on the project's issue numbers or on which machine a session was lent."""
     found = [f"{name(path)}:{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
