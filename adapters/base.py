@@ -268,7 +268,7 @@ class Session(TensorWork):
             return self._step_each()
         part = part_of(self.parts, self._part, optimizer)
         first = self.micro > 0
-        if not first and (not self._stepped or any(p is part for p in self._stepped)):
+        if not first and (not self._stepped or part in self._stepped):
             raise ToolkitError("session.step() without a session.backward(loss) before it"
                                + (" (each optimizer steps once after a backward)" if self._stepped else ""))
         if first and self.micro < self.config.accumulation_steps:
@@ -287,7 +287,7 @@ class Session(TensorWork):
         """`step()` with several models: each one the last backward pass reached, in setup() order."""
         if self.micro and self.micro < self.config.accumulation_steps:
             return False
-        due = [p for p in self.parts if not any(p is q for q in self._stepped) and self.has_gradients(p)]
+        due = [p for p in self.parts if p not in self._stepped and self.has_gradients(p)]
         if self.micro == 0 or not due:
             raise ToolkitError("session.step() without a session.backward(loss) before it reached a model still "
                                "to step; name one with session.step(optimizer)")
@@ -300,7 +300,7 @@ class Session(TensorWork):
         earlier backward gave the models no step used are dropped (their reductions finished first)."""
         if self.micro == 0 and self._stepped:
             for other in self.parts:
-                if not any(other is p for p in self._stepped):
+                if other not in self._stepped:
                     with self._using(other):
                         self.strategy.discard(self)
             self._stepped = []

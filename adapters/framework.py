@@ -12,6 +12,7 @@ import abc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolkit.adapters import randomness
 from toolkit.adapters.topology import Topology
 from toolkit.data.batch import arrays_length, map_structure
 from toolkit.errors import ToolkitError
@@ -92,11 +93,9 @@ class TensorWork(abc.ABC):
 
     def random_state(self) -> dict:
         """This rank's random generators (Python's, numpy's, the framework's) as JSON."""
-        from toolkit.adapters import randomness
         return randomness.capture(self._framework_random())
 
     def set_random_state(self, state: dict) -> None:
-        from toolkit.adapters import randomness
         self._set_framework_random(state)       # first: making a generator may draw from Python's (Keras's does)
         randomness.restore(state)
 

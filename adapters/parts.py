@@ -11,7 +11,7 @@ from typing import Any
 from toolkit.errors import ToolkitError
 
 
-@dataclass
+@dataclass(eq=False)        # a part is itself: compared (and found in lists) by identity
 class Part:
     """One model a session trains, with its optimizer, loss and the object that moves its gradients.
     A session has one per setup() call (several where the framework allows: a GAN's generator and

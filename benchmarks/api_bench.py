@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks import common
@@ -41,15 +40,8 @@ def arrays(a):
 
 def blocks(toolkit_block, plain_block, a) -> dict:
     """Alternating timed blocks; samples/s of each (per rank)."""
-    toolkit_block(), plain_block()                       # warm-up (graphs, allocators, Horovod's first cycles)
-    rates = {"toolkit": [], "plain": []}
-    order = [("toolkit", toolkit_block), ("plain", plain_block)]
-    for r in range(a.rounds):
-        for name, block in (order if r % 2 == 0 else order[::-1]):      # ABBA: no loop always goes first
-            t0 = time.perf_counter()
-            block()
-            rates[name].append(a.steps * a.batch_size / (time.perf_counter() - t0))
-    return rates
+    seconds = common.alternating({"toolkit": toolkit_block, "plain": plain_block}, a.rounds)
+    return {name: [a.steps * a.batch_size / t for t in times] for name, times in seconds.items()}
 
 
 def cycle(make):

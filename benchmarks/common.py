@@ -10,6 +10,7 @@ import datetime
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -30,6 +31,24 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object] | str]) -> str:
     lines = [row(header), "|" + "---|" * len(header)]
     lines += [r if isinstance(r, str) else row(r) for r in rows]
     return "\n".join(lines)
+
+
+# -- timing -----------------------------------------------------------------------------------------
+
+def alternating(blocks: dict, rounds: int) -> dict:
+    """{name: [seconds of each timed run]} of the callables `blocks`, each run once untimed first
+    (graphs, allocators, Horovod's first cycles), then `rounds` rounds in ABBA order (the machine's drift
+    hits every block alike; no block always goes first)."""
+    for block in blocks.values():
+        block()
+    seconds: dict = {name: [] for name in blocks}
+    order = list(blocks.items())
+    for r in range(rounds):
+        for name, block in (order if r % 2 == 0 else order[::-1]):
+            t0 = time.perf_counter()
+            block()
+            seconds[name].append(time.perf_counter() - t0)
+    return seconds
 
 
 # -- the machine -----------------------------------------------------------------------------------

@@ -192,15 +192,9 @@ def worker(a) -> dict:
             torch.cuda.synchronize()
 
     loops = {"toolkit": toolkit_steps, "plain": plain_steps}
-    for steps in loops.values():
-        block(steps)                                                    # warm-up: allocator, cuDNN, Horovod
-    rates: dict = {name: [] for name in loops}
-    order = list(loops.items())
-    for r in range(a.rounds):
-        for name, steps in (order if r % 2 == 0 else order[::-1]):       # ABBA: no loop always goes first
-            t0 = time.perf_counter()
-            block(steps)
-            rates[name].append(a.steps / (time.perf_counter() - t0))
+    seconds = common.alternating({name: (lambda steps=steps: block(steps)) for name, steps in loops.items()},
+                                 a.rounds)
+    rates = {name: [a.steps / t for t in times] for name, times in seconds.items()}
     out = {"backend": a.backend, "model": a.model, "device": str(device), "path": session.path, "batch": shape["batch"]}
     for name, steps in loops.items():
         counter = SyncCounter()

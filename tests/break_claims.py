@@ -41,7 +41,7 @@ TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
 MH = "tests/test_multihost.py"
 MUTANTS = [
     Mutant("step-each-refused", "after one backward each optimizer steps (several models), as in a plain loop",
-           (("adapters/base.py", "        if not first and (not self._stepped or any(p is part for p in self._stepped)):",
+           (("adapters/base.py", "        if not first and (not self._stepped or part in self._stepped):",
              "        if not first:"),),
            (f"{A}::test_one_backward_then_each_optimizer_steps_as_one_optimizer_over_both[torch]",)),
     Mutant("step-each-counts-twice", "one optimizer step counted per backward, however many optimizers step",

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
 from toolkit.adapters.tensorflow import data
 from toolkit.config import Optimizer
@@ -88,11 +89,9 @@ class KerasSession(Session):
         return found
 
     def _framework_random(self) -> dict:
-        from toolkit.adapters import randomness
         return {"keras": [[str(v.dtype), randomness.encode(np.asarray(v.numpy()))] for v in self._seed_states()]}
 
     def _set_framework_random(self, state: dict) -> None:
-        from toolkit.adapters import randomness
         variables = self._seed_states()
         if len(variables) != len(state["keras"]):
             raise ToolkitError(f"the checkpoint holds {len(state['keras'])} Keras seed generators, this model "

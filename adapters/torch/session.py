@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import Optimizer
@@ -55,13 +56,11 @@ class TorchSession(Session):
         torch.manual_seed(seed)
 
     def _framework_random(self) -> dict:
-        from toolkit.adapters import randomness
         cuda = ([randomness.encode(s.numpy()) for s in torch.cuda.get_rng_state_all()]
                 if torch.cuda.is_available() and torch.cuda.is_initialized() else [])
         return {"torch": randomness.encode(torch.get_rng_state().numpy()), "cuda": cuda}
 
     def _set_framework_random(self, state: dict) -> None:
-        from toolkit.adapters import randomness
         torch.set_rng_state(torch.from_numpy(randomness.decode(state["torch"], np.uint8)))
         if state.get("cuda") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([torch.from_numpy(randomness.decode(s, np.uint8)) for s in state["cuda"]])
@@ -72,7 +71,6 @@ class TorchSession(Session):
         """The DataLoader's own generator (its workers' base seed), seeded by (seed, epoch, rank): left to
         itself each DataLoader iterator draws from torch's global generator, so a resumed run's
         dropout and noise would follow other numbers than the uninterrupted run's."""
-        from toolkit.adapters import randomness
         return torch.Generator().manual_seed(randomness.reseed_value(self.config.seed, epoch, self.rank))
 
     # -- the user's objects -------------------------------------------------------------------------
