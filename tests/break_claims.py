@@ -647,6 +647,27 @@ MUTANTS = [
     Mutant("compile-ignored", "compile: true compiles the model after the strategy wrapped it",
            (("adapters/torch/session.py", "            part.model.compile()", "            pass"),),
            ("tests/test_compile.py::test_compile_on_horovod_trains_says_its_first_step_once_and_resumes_exactly",)),
+    Mutant("native-gloo-on-gpu", "on a GPU the native engine moves gradients over NCCL",
+           (("adapters/torch/strategies/native.py", '        self.backend = "nccl" if gpu is not None else "gloo"',
+             '        self.backend = "gloo"'),),
+           ("tests/test_cuda_paths.py::test_the_native_engine_pins_its_local_ranks_gpu_and_moves_gradients_over_nccl",)),
+    Mutant("horovod-gpu-not-pinned", "a Horovod rank on a GPU host sets its local rank's GPU",
+           (("adapters/torch/strategies/horovod.py", "            torch.cuda.set_device(gpu)\n", ""),),
+           ("tests/test_cuda_paths.py::test_the_horovod_engine_pins_its_local_ranks_gpu",)),
+    Mutant("loader-not-pinned", "on a GPU the dataset loader pins host memory",
+           (("adapters/torch/session.py", '''"pin_memory": self.torch_device.type == "cuda",
+                   "generator": self._loader_generator(getattr''', '''"pin_memory": False,
+                   "generator": self._loader_generator(getattr'''),),
+           ("tests/test_cuda_paths.py::test_the_loaders_pin_host_memory_and_copy_without_blocking_on_a_gpu",)),
+    Mutant("copies-block", "batches reach the GPU by non-blocking copies",
+           (("adapters/torch/session.py", "value.to(self.torch_device, non_blocking=True)",
+             "value.to(self.torch_device)"),),
+           ("tests/test_cuda_paths.py::test_the_loaders_pin_host_memory_and_copy_without_blocking_on_a_gpu",)),
+    Mutant("compile-ignored-on-ddp", "compile: true compiles the model on DDP, which then resumes exactly",
+           (("adapters/torch/session.py", "        self._compile_next = self.config.compile",
+             "        self._compile_next = False"),),
+           ("tests/test_compile.py::test_compile_on_ddp_keeps_replicas_identical_resumes_exactly_and_its_checkpoint_"
+            "loads_without_compile",)),
 ]
 
 
