@@ -195,7 +195,8 @@ def worker(a) -> dict:
     seconds = common.alternating({name: (lambda steps=steps: block(steps)) for name, steps in loops.items()},
                                  a.rounds)
     rates = {name: [a.steps / t for t in times] for name, times in seconds.items()}
-    out = {"backend": a.backend, "model": a.model, "device": str(device), "path": session.path, "batch": shape["batch"]}
+    out = {"backend": a.backend, "model": a.model, "device": str(device), "path": session.path, "batch": shape["batch"],
+           "nan_check_every": session.config.nan_check_every}
     for name, steps in loops.items():
         counter = SyncCounter()
         with counter:
@@ -297,6 +298,16 @@ def table(steps: list[dict], kernel_rows: list[dict]) -> str:
     return step_table + "\n\n" + kernel_table
 
 
+def waited(steps: list[dict]) -> list[str]:
+    """The rows whose toolkit step read from the device or synchronized with it (host reads counted, CUDA's sync
+    debug mode's warnings) more than the NaN guard's one read every `nan_check_every` steps: any fails the check,
+    as a failed row does."""
+    def over(row, key):
+        return row.get(key, 0) > 1 / row["nan_check_every"] + 1e-9
+    return [f"{r['model']} on {r['backend']}" for r in steps if "failed" not in r and
+            (over(r, "toolkit_syncs_per_step") or over(r, "toolkit_cuda_syncs_per_step"))]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="on the CPU: tiny shapes, the build's plan instead of a build")
@@ -357,7 +368,11 @@ def main() -> int:
         (a.out / "table.md").write_text(text + "\n")
         (a.out / "results.json").write_text(json.dumps({"machine": facts, "horovod": why or "ready", "steps": steps,
                                                         "kernels": kernel_rows}, indent=1))
-    return 1 if any("failed" in r for r in steps if r["backend"] != "horovod" or not why) else 0
+    synced = waited(steps)
+    if synced:
+        print(f"gpu_check: the toolkit's step waited for the device in {', '.join(synced)} (the table's sync "
+              "columns)", file=sys.stderr)
+    return 1 if synced or any("failed" in r for r in steps if r["backend"] != "horovod" or not why) else 0
 
 
 if __name__ == "__main__":

@@ -27,9 +27,25 @@ def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path):
         # warm-up, two timed rounds and the counted block, one step each, through the session's own step
         assert r["toolkit_steps_taken"] == 4 and r["toolkit_steps_per_s"] > 0 and r["plain_steps_per_s"] > 0
         assert r["ratio"] == r["toolkit_steps_per_s"] / r["plain_steps_per_s"]
+        assert r["toolkit_syncs_per_step"] == 0, r       # one step: no host read at all (else the check fails)
     assert {r["path"] for r in steps.values()} == {"horovod.torch DistributedOptimizer",
                                                    "torch.distributed DistributedDataParallel (gloo)"}
     assert [k["method"] for k in results["kernels"]] == ["bf16", "int8"]
     assert all(k["compress_ms_per_100mb"] > 0 and k["add_ms_per_100mb"] > 0 for k in results["kernels"])
     table = (tmp_path / "table.md").read_text()
     assert table.count("| resnet50 |") == 2 and table.count("| transformer_lm |") == 2 and "| int8 | cpu |" in table
+
+
+def test_a_step_that_waits_for_the_device_fails_the_gpu_check():
+    """Any host read, or any synchronization CUDA's sync debug mode reports, in the toolkit's step beyond the NaN
+    guard's one read every `nan_check_every` steps: the row is named and the check exits 1 (a plain loop's own
+    syncs do not count against it)."""
+    from benchmarks import gpu_check
+    row = {"model": "resnet50", "backend": "native", "toolkit_syncs_per_step": 0.1, "plain_syncs_per_step": 1.0,
+           "nan_check_every": 10}
+    assert gpu_check.waited([row, {**row, "model": "transformer_lm", "toolkit_cuda_syncs_per_step": 0.1}]) == []
+    assert gpu_check.waited([{**row, "toolkit_syncs_per_step": 0.15}]) == ["resnet50 on native"]
+    assert gpu_check.waited([{**row, "nan_check_every": 20}]) == ["resnet50 on native"]
+    assert gpu_check.waited([{**row, "backend": "horovod", "toolkit_cuda_syncs_per_step": 1.0}]) == \
+        ["resnet50 on horovod"]
+    assert gpu_check.waited([{"model": "resnet50", "backend": "horovod", "failed": "exit 1"}]) == []
