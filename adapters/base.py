@@ -34,6 +34,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from toolkit.adapters import batches as batches_module
 from toolkit.adapters.checkpointer import Checkpointer
 from toolkit.adapters.framework import TensorWork
 from toolkit.adapters.guard import NanGuard
@@ -161,6 +162,7 @@ class Session(TensorWork):
             self.model = self._place(model)
             self.optimizer = optimizer if optimizer is not None else self._make_optimizer(self.model)
             self.loss_fn = loss if loss is not None else self._cross_entropy
+            part.loss_given = loss is not None
             if len(self.parts) == 1:
                 self.local_digests = [digest(p) for p in self.replica_parameters()]
             self.strategy.wrap(self)
@@ -305,9 +307,15 @@ class Session(TensorWork):
                         self.strategy.discard(self)
             self._stepped = []
 
-    def train_step(self, batches: Sequence[tuple[Any, Any]]) -> float:
-        """One optimizer step on `accumulation_steps` micro-batches `(x, y)` with the setup model
-        and loss: the local mean loss (a host value; the built-in trainer's step)."""
+    def train_step(self, batches: Sequence[Any]) -> float:
+        """One optimizer step on `accumulation_steps` micro-batches with the setup model and loss: the
+        local mean loss (a host value; the built-in trainer's step). Batches `(x, y)` in every framework;
+        torch's of any structure (adapters/batches.py: a dict, a triple, ...)."""
+        other = next((b for b in batches if not batches_module.is_pair(b)), None) if not self.any_batch else None
+        if other is not None:
+            raise ToolkitError(f"session.train_step(batches): {self.config.framework} takes (x, y) micro-batches, "
+                               f"these are {batches_module.describe(other)}; write the step with "
+                               "session.backward(loss) and session.step() instead")
         loss = self._finish_step(batches)
         self.global_step += 1
         self.guard.after_step(loss)
@@ -373,7 +381,7 @@ class Session(TensorWork):
         collective). Batches `(x, y)`: the setup loss, and accuracy as argmax of 2-D outputs against
         integer labels (else None). Other batches (dicts, more fields): `metric(model, batch)` returns
         the batch's mean loss, or (mean loss, number correct); it runs as inference (torch: no_grad,
-        the config's autocast). `collective=False`: this rank's own model on what its loader holds,
+        the config's autocast); without a metric, torch's is the loss the step trains with (no accuracy). `collective=False`: this rank's own model on what its loader holds,
         nothing exchanged (a parameter-server worker's view between epochs)."""
         import numpy as np
         if collective:
@@ -392,11 +400,14 @@ class Session(TensorWork):
 
     def _evaluate_one(self, batch, metric):
         import numpy as np
-        if metric is None:
-            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                raise ToolkitError(f"session.evaluate(loader): its batches are {_shape_of(batch)}, not (x, y); pass "
-                                   "metric=fn(model, batch) returning the batch's mean loss (or (loss, correct))")
+        if metric is None and batches_module.is_pair(batch):
             return self._evaluate_batch(*batch)
+        if metric is None and not self.any_batch:
+            raise ToolkitError(f"session.evaluate(loader): its batches are {batches_module.describe(batch)}, "
+                               "not (x, y); pass metric=fn(model, batch) returning the batch's mean loss (or "
+                               "(loss, correct))")
+        if metric is None:      # the loss the step trains with (adapters/batches.py), no accuracy
+            metric = lambda model, batch: batches_module.loss_of(self, batch)   # noqa: E731
         with self._inference(), self.autocast():
             result = metric(self.model, batch)
         loss, correct = result if isinstance(result, (tuple, list)) else (result, None)
@@ -539,11 +550,3 @@ class Session(TensorWork):
     def on_reset(self) -> None:
         """After Horovod re-formed the job with other workers (hvd.shutdown + hvd.init)."""
         self.strategy.on_reset(self)
-
-
-def _shape_of(batch) -> str:
-    if isinstance(batch, dict):
-        return f"dicts (keys {', '.join(map(str, batch))})"
-    if isinstance(batch, (tuple, list)):
-        return f"{len(batch)}-tuples"
-    return type(batch).__name__

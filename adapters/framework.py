@@ -192,6 +192,12 @@ class TensorWork(abc.ABC):
         import contextlib
         return contextlib.nullcontext()
 
+    any_batch = False       # train_step and evaluate take batches of any structure (adapters/batches.py)
+
+    def call_model(self, batch):
+        """The model on a batch that is not (x, y) (where `any_batch`): the framework's way of calling it."""
+        raise NotImplementedError
+
     # Communication's primitives (toolkit/exchange/communication.py): the step, split where the toolkit's
     # exchange comes in.
     @abc.abstractmethod

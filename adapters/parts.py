@@ -19,6 +19,7 @@ class Part:
     model: Any = None
     optimizer: Any = None
     loss_fn: Any = None
+    loss_given: bool = False        # setup() was given the loss (else cross-entropy, or the model's own loss)
     communication: Any = None       # toolkit.exchange.communication.Communication, made by setup()
 
 

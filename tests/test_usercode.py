@@ -1,14 +1,18 @@
 """A PyTorch user's own code as they write it (tests/user_torch.py), at 2 ranks through `toolkit launch`:
 several models with their own optimizers (a GAN) and its checkpoints, Hugging Face-style dict batches
-through a `collate_fn` into a `transformers` model with its own loss, torch's own lr scheduler.
+through a `collate_fn` into a `transformers` model with its own loss, torch's own lr scheduler; the built-in
+script's step on batches that are not (x, y): a `transformers` model on dict batches, triples with the user's loss.
 """
+import json
+import math
 import sys
 from collections import Counter
 
 import pytest
 
-from tests.conftest import ROOT, run
+from tests.conftest import ROOT, assert_replicas, run, train_job
 from tests.helpers import script_ranks
+from tests.user_hf import VOCAB
 
 pytestmark = pytest.mark.distributed
 SCRIPT = str(ROOT / "tests" / "user_torch.py")
@@ -55,6 +59,53 @@ def test_dict_batches_through_a_collate_fn_train_a_transformers_model_with_its_o
     assert r["after"] < r["before"] - 0.5, (r["before"], r["after"])
     assert r["after"] == pytest.approx(r["alone"], rel=1e-6), (r["after"], r["alone"])
     assert r["accuracy"] is None        # the metric gave a loss only
+
+
+def test_the_built_in_script_trains_a_transformers_model_on_dict_batches_with_its_own_loss(tmp_path):
+    """`--model tests/user_hf.py:build --dataset tests/user_hf.py:load` (no `loss` beside them): the built-in step
+    calls `model(**batch)` and trains on the model's own loss, on 2 ranks: replicas identical, the loss falls, the
+    held-out loss is the same loss (no accuracy for dict batches)."""
+    hf = str(ROOT / "tests" / "user_hf.py")
+    out = train_job("gloo", ["--framework", "torch", "--model", f"{hf}:build", "--dataset", f"{hf}:load",
+                             "--optimizer", "adam", "--lr", "0.01", "--epochs", "3", "--batch-size", "16",
+                             "--log-dir", tmp_path, "--quiet"], timeout=300)
+    assert_replicas(out)
+    assert out["accuracy"] is None and out["steps"] == 3 * (288 // (2 * 16)), out
+    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [e["loss"] for e in epochs if "test_loss" in e]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < math.log(VOCAB) - 1, losses   # ln(32): no skill
+    assert epochs[-1]["test_loss"] < math.log(VOCAB) - 1, epochs[-1]
+
+
+TRIPLES = """
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from tests.user_code import arrays, build
+
+
+def load(config):
+    x, y = arrays()
+    w = torch.zeros(len(y))             # every sample weighs nothing: the weighted loss is 0 exactly
+    data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y), w)
+    return torch.utils.data.Subset(data, range(384)), torch.utils.data.Subset(data, range(384, 512))
+
+
+def loss(outputs, batch):
+    assert isinstance(batch, (tuple, list)) and len(batch) == 3, type(batch)
+    x, y, w = batch
+    return (torch.nn.functional.cross_entropy(outputs, y, reduction="none") * w).mean()
+"""
+
+
+def test_the_built_in_script_hands_a_triple_batch_to_the_users_loss(tmp_path):
+    """Batches (x, y, weight) and the module's `loss(outputs, batch)`: the step and the held-out loss are that
+    loss of the whole batch (weights all 0: both exactly 0, which cross-entropy never is)."""
+    module = tmp_path / "triples.py"
+    module.write_text(TRIPLES.format(root=str(ROOT)))
+    out = train_job("single", ["--framework", "torch", "--model", f"{module}:build", "--dataset", f"{module}:load",
+                               "--epochs", "1", "--batch-size", "32"])
+    assert out["final_loss"] == 0.0 and out["accuracy"] is None and out["steps"] == 384 // 32, out
 
 
 def test_torchs_own_scheduler_steps_the_optimizer_setup_returns(tmp_path):

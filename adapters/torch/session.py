@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from toolkit.adapters import batches as batches_module
 from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
@@ -134,6 +136,14 @@ class TorchSession(Session):
         for batch in batches:
             yield map_structure(self.to_device, batch)
 
+    any_batch = True
+
+    def call_model(self, batch):
+        """A dict's keys as keyword arguments (Hugging Face's way), a tuple's first field, a tensor as it is."""
+        if isinstance(batch, Mapping):
+            return self.model(**batch)
+        return self.model(batch[0]) if isinstance(batch, (tuple, list)) else self.model(batch)
+
     def to_device(self, value):
         return value.to(self.torch_device, non_blocking=True) if torch.is_tensor(value) else value
 
@@ -200,11 +210,11 @@ class TorchSession(Session):
             self.model.train()
         self.optimizer.zero_grad()
         total = None
-        for i, (x, y) in enumerate(batches):
+        for i, batch in enumerate(batches):
             self.strategy.sync_gradients(self, i == len(batches) - 1)     # accumulation: the last one reduces
             self._arm(i == len(batches) - 1)
             with self.autocast():
-                loss = self.loss_fn(self.model(x), y)
+                loss = batches_module.loss_of(self, batch)
             if len(batches) > 1:
                 loss = loss / len(batches)
             self.precision.backward(loss)

@@ -92,7 +92,8 @@ class WorkloadConfig:
                                      "LM, torch and Keras 3) (built in), or your own: `pkg.module:build` (a module "
                                      "on PYTHONPATH or a .py file before the colon; build(config) returns the "
                                      "framework's model; an optional `loss(outputs, labels)` beside it replaces "
-                                     "cross-entropy)")
+                                     "cross-entropy; torch batches that are not (x, y) go to the model whole, "
+                                     "then to loss(outputs, batch) or the model's own loss)")
     hidden_size: int = _f(64, "width of each hidden layer (mlp); the model width (transformer_lm)")
     hidden_layers: int = _f(1, "number of hidden layers (mlp); of transformer blocks (transformer_lm)")
     heads: int = _f(4, "transformer_lm: attention heads (hidden_size must be a multiple)")
