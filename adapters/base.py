@@ -459,7 +459,8 @@ class Session(TensorWork):
         digests = self.replica_digests("toolkit.final_digest")
         if len(set(digests)) != 1:
             raise ToolkitError("replica check failed: replicas ended with different parameters "
-                               f"(digests by replica: {digests}); this is a bug, please report it", code=1)
+                               f"(digests by replica: {digests}); this is a bug: report it with what docs/SUPPORT.md "
+                               "lists (`toolkit --version`, `toolkit doctor --framework all`, the command)", code=1)
         return digests
 
     def log(self, step: int, values: dict) -> None:

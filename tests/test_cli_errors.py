@@ -78,16 +78,17 @@ def test_no_flag_is_an_ambiguous_prefix_of_a_horovodrun_option():
 
 
 @pytest.mark.parametrize("argv, unknown", [
-    (["launch", "-np", "2", "--gpu", "--emit", "slurm", "--", "true"], "--gpu"),      # was taken as --gpus
+    (["launch", "-np", "2", "--gpu", "--emit", "slurm", "--", "true"], "--gpu (did you mean --gpus?)"),  # ran as --gpus
     (["launch", "-np", "2", "--bogus", "--dry-run", "--", "true"], "--bogus"),
-    (["config", "show", "--epoch", "3"], "--epoch 3"),                                 # was taken as --epochs
-    (["train", "--lr-sched", "cosine"], "--lr-sched cosine"),
-    (["bench", "--np", "1", "--iter", "2", "--dry-run"], "--iter 2 --dry-run"),        # --iter was --iters
-    (["doctor", "--frame", "torch"], "--frame torch"),
+    (["config", "show", "--epoch", "3"], "--epoch 3 (did you mean --epochs?)"),         # was taken as --epochs
+    (["train", "--lr-sched", "cosine"], "--lr-sched cosine (did you mean --lr-schedule?)"),
+    (["bench", "--np", "1", "--iter", "2", "--dry-run"], "--iter 2 --dry-run (did you mean --iters?)"),
+    (["doctor", "--frame", "torch"], "--frame torch (did you mean --framework?)"),
 ])
 def test_a_subcommands_bad_flag_is_its_own_usage_and_one_error_line(argv, unknown):
-    """Issue 33: no abbreviated flags (`toolkit launch --gpu` ran as --gpus), and a subcommand's unknown
-    flag shows that subcommand's usage line, not the top-level `usage: toolkit [-h] COMMAND ...`."""
+    """No abbreviated flags (`toolkit launch --gpu` once ran as --gpus: now it is an error that names --gpus),
+    and a subcommand's unknown flag shows that subcommand's usage line, not the top-level
+    `usage: toolkit [-h] COMMAND ...`."""
     prog = "toolkit " + " ".join(argv[:2] if argv[0] == "config" else argv[:1])
     proc = toolkit(*argv, timeout=60)
     assert proc.returncode == 2 and not proc.stdout, proc.stdout
@@ -121,3 +122,26 @@ def test_an_unreachable_host_is_one_line_naming_it_within_the_start_timeout(laun
                    "--start-timeout", "30", "--", *TRAIN, timeout=90)
     one_line_error(proc, "cannot reach nosuchhost.invalid", "does not resolve", "-H/--hostfile")
     assert time.monotonic() - start < 30
+
+
+def test_launch_and_bench_take_np_with_one_or_two_dashes(capsys):
+    """`-np` (horovodrun's, mpirun's) and `--np` on every subcommand that starts ranks; the same launch."""
+    commands = []
+    for flag in ("-np", "--np", "--num-proc"):
+        assert main(["launch", flag, "3", "--gloo", "--dry-run", "--", "python", "-c", "pass"]) == 0
+        commands.append(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(set(commands)) == 1 and "-np 3 -H localhost:3" in commands[0], commands
+    from toolkit.cli import parser
+    assert parser().parse_args(["bench", "-np", "1,4"]).np == parser().parse_args(["bench", "--np", "1,4"]).np == "1,4"
+
+
+@pytest.mark.parametrize("argv, unknown, suggestion", [
+    (["launch", "-np", "2", "--glo", "--", "python"], "--glo", "--gloo"),
+    (["train", "--epoch", "2"], "--epoch 2", "--epochs"),
+    (["bench", "--hidden-sise", "8"], "--hidden-sise 8", "--hidden-size"),
+])
+def test_a_mistyped_flag_gets_did_you_mean(argv, unknown, suggestion, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith(f"unrecognized arguments: {unknown} (did you mean {suggestion}?)"), err

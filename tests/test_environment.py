@@ -1,4 +1,5 @@
 """The environment `make setup` promises: Horovod built for all three frameworks, MXNet importable."""
+import os
 import re
 import subprocess
 import sys
@@ -49,6 +50,17 @@ def test_doctor_reports_ready_and_names_the_broken_extension(tmp_path):
     bad = toolkit("doctor", "--framework", "tensorflow", env=env, timeout=300)
     assert bad.returncode == 1 and "build-horovod --frameworks tensorflow" in bad.stdout
     assert "ready: no framework; NOT READY: tensorflow cannot train here" in bad.stdout
+    # An MPI whose jobs fail: torch still trains (Gloo), but a check printed FAIL: exit 1, the check named last
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "mpirun").write_text('#!/bin/sh\n[ "$1" = --version ] && echo "mpirun (Open MPI) 4.1.4" && exit 0\n'
+                                     'echo "ORTE was unable to start" >&2; exit 1\n')
+    (fake_bin / "mpirun").chmod(0o755)
+    env = clean_env(PATH=f"{fake_bin}:{os.environ['PATH']}")
+    failed = toolkit("doctor", "--framework", "torch", env=env, timeout=300)
+    assert re.search(r"^FAIL +mpi job +2-process mpi4py allreduce failed", failed.stdout, re.M), failed.stdout
+    assert failed.returncode == 1 and failed.stdout.rstrip().endswith("ready: torch; FAILED: mpi job (the fixes above)"), \
+        failed.stdout
 
 
 @pytest.mark.parametrize("order", [("mxnet", "tensorflow", "torch"), ("torch", "tensorflow", "mxnet")])

@@ -51,6 +51,10 @@ def test_version_and_changelog_agree():
     assert out.returncode == 0 and out.stdout.startswith(f"horovod-toolkit {toolkit.__version__} "), out
     first = re.search(r"^## \[?(\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert first and first.group(1) == toolkit.__version__, "CHANGELOG.md's newest entry is this version"
+    # a wheel's file name in the user pages: this version's, or a glob (a copied command then works)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for named in re.findall(r"horovod_toolkit-([^-\s/]+)-py3", page.read_text()):
+            assert named in (toolkit.__version__, "*"), f"{page.name} names horovod_toolkit-{named}"
 
 
 def test_fixes_name_make_setup_only_in_a_checkout(monkeypatch, tmp_path):
@@ -110,6 +114,9 @@ def test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovo
     requires = {_name(ln.split(":", 1)[1].strip()) for ln in meta.splitlines() if ln.startswith("Requires-Dist:")
                 and "extra ==" not in ln}
     assert requires == set(support.HOROVOD_RUNTIME), meta
+    # Apache-2.0, Horovod's licence, with the notice on the Horovod builds it patches
+    assert "License: Apache-2.0" in meta.splitlines(), meta
+    assert {n.rsplit("/", 1)[-1] for n in names if "/licenses/" in n} == {"LICENSE", "NOTICE"}, names
 
     venv = tmp_path / "venv"
     matrix.make_env(row, wheel, venv)

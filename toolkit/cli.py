@@ -46,8 +46,22 @@ class CommandParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.suggestion(extras)}")
         return namespace, extras
+
+    def suggestion(self, extras: list[str]) -> str:
+        """` (did you mean --epochs?)` for the first unknown flag that begins exactly one of this parser's
+        flags (flags are never abbreviated), or is close to one (difflib's ratio 0.8: `--epoch`, `--glo`)."""
+        import difflib
+        flags = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        for extra in extras:
+            if extra.startswith("--"):
+                name = extra.split("=", 1)[0]
+                longer = [f for f in flags if f.startswith(name)]
+                close = longer if len(longer) == 1 else difflib.get_close_matches(name, flags, n=1, cutoff=0.8)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def version() -> str:

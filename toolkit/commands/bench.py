@@ -12,7 +12,7 @@ def register(sub) -> None:
                        usage="toolkit bench --np 1,2 [--gloo|--mpi] [--features F] [--warmup W] [--iters I] "
                              "[--steps-per-iter S] [--out DIR] [config flags, e.g. --framework torch "
                              "--hidden-size 2048 --hidden-layers 3 --compression fp16]")
-    p.add_argument("--np", default="1,2", help="world sizes to measure, comma separated (default 1,2)")
+    p.add_argument("-np", "--np", default="1,2", help="world sizes to measure, comma separated (default 1,2)")
     ctl = p.add_mutually_exclusive_group()
     ctl.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="Gloo controller")
     ctl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="MPI controller")

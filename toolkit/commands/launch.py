@@ -21,10 +21,11 @@ class LauncherNames:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("launch", help="start a command on N ranks via horovodrun or mpirun",
+    p = sub.add_parser("launch", help="start a command on N ranks: horovodrun (default), mpirun, torchrun, "
+                                      "TF_CONFIG workers, Ray or Spark",
                        usage="toolkit launch -np N [-H host:slots,...|--hostfile FILE] [--gloo|--mpi] [--framework F] "
                              "[--backend horovod|native] [--launcher ray [--address ADDR]|spark [--master URL]] [--dry-run|--emit slurm|mpijob] -- COMMAND ...")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
+    p.add_argument("-np", "--np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
     hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")

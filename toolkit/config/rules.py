@@ -142,7 +142,7 @@ def _check_elastic(c) -> None:
                           "raise max_np or lower min_np", "elastic_max_np", "elastic_min_np")
     if c.backend is not Backend.HOROVOD:
         torchrun = (" (torch: torchrun restarts the workers and they resume from the newest checkpoint: "
-                    "`toolkit launch --backend native --min-np N` with resume: true)" if c.framework == "torch" else "")
+                    "`toolkit launch --backend native --min-np N`, no resume key needed)" if c.framework == "torch" else "")
         raise ConfigError(f"elastic training is Horovod elastic; with backend=native drop the elastic keys{torchrun}",
                           "backend", *ELASTIC)
     if c.toolkit_exchange:

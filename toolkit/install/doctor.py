@@ -40,7 +40,12 @@ print(json.dumps(out))
 """
 
 
+_FAILED: list[str] = []       # the checks that printed FAIL in this report: any makes doctor exit 1
+
+
 def _line(status: str, what: str, detail: str, fix: str = "") -> None:
+    if status == "FAIL":
+        _FAILED.append(what.strip())
     print(f"{status:5} {what:22} {detail}" + (f"\n      fix: {fix}" if fix else ""))
 
 
@@ -184,9 +189,10 @@ def _check_runtime(wanted: list[str]) -> None:
 
 def report(framework: str) -> int:
     """Print the checks of `framework` (`all`: every one) and which of them can train; return 1 if one it
-    asked for cannot train here, else 0. Nothing about a framework that was not asked for."""
+    asked for cannot train here or any check printed FAIL, else 0. Nothing about a framework that was not asked for."""
     if framework != ALL:
         registry.spec(framework)   # an unknown name fails now, not after the probes
+    _FAILED.clear()
     wanted = list(pins.HOROVOD_FRAMEWORKS) if framework == ALL else [framework]
     chosen = _setup_frameworks()
     note = support.python_outside() if chosen is None else ""
@@ -263,6 +269,8 @@ def report(framework: str) -> int:
     ready = [fw for fw in wanted if usable.get(fw) and registry.is_available(fw)]
     missing = [fw for fw in wanted if fw not in ready]
     ready = [fw + (f" ({usable[fw]})" if isinstance(usable[fw], str) else "") for fw in ready]
+    failed = [what for what in _FAILED if what not in missing]
     print(f"\nready: {', '.join(ready) or 'no framework'}" +
-          (f"; NOT READY: {', '.join(missing)} cannot train here; apply the fixes above" if missing else ""))
-    return 1 if missing else 0
+          (f"; NOT READY: {', '.join(missing)} cannot train here; apply the fixes above" if missing else "") +
+          (f"; FAILED: {', '.join(failed)} (the fixes above)" if failed else ""))
+    return 1 if missing or failed else 0
