@@ -123,7 +123,10 @@ def check_op(hvd, config) -> None:
 def require_gpu_if_asked(has_gpu: bool) -> None:
     """TOOLKIT_REQUIRE_GPU=1 turns the CPU fallback into an error (GPU machines, GPU tests)."""
     if os.environ.get("TOOLKIT_REQUIRE_GPU") == "1" and not has_gpu:
-        raise ToolkitError("TOOLKIT_REQUIRE_GPU=1 but the framework sees no GPU; unset it to run on CPU")
+        raise ToolkitError("TOOLKIT_REQUIRE_GPU=1 but the framework sees no GPU: check `nvidia-smi` (the driver), "
+                           "CUDA_VISIBLE_DEVICES (empty or a wrong index hides every GPU) and that the framework is "
+                           "a CUDA build (`toolkit doctor` shows its GPU count; a CPU-only wheel sees none); or "
+                           "unset TOOLKIT_REQUIRE_GPU to run on the CPU")
 
 
 def gpu_for_local_rank(gpus: int, local_rank: int, local_size: int, allow_cpu: bool) -> int | None:

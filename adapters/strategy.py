@@ -154,4 +154,7 @@ class Strategy(abc.ABC):
         """After the job was re-formed with other workers (elastic)."""
 
     def refuse(self, what: str) -> ToolkitError:
-        return ToolkitError(f"backend={self.name} ({self.config.framework}) has no {what}; see toolkit/registry.py")
+        other = "native" if self.name == "horovod" else "horovod"
+        return ToolkitError(f"backend={self.name} ({self.config.framework}) has no {what}; use backend: {other} "
+                            "for it, or leave out what asks for it (`toolkit doctor` and docs/CONFIG.md list what "
+                            "each backend runs)")

@@ -694,6 +694,9 @@ MUTANTS = [
            (("pyproject.toml", 'license = {text = "Apache-2.0"}\n', ""),),
            ("tests/test_install.py::test_a_fresh_virtualenv_with_the_cpu_torch_2_13_wheel_installs_builds_horovod_and_"
             "trains",)),
+    Mutant("refusal-points-at-source", "a backend without a feature names the other backend, not the source",
+           (("adapters/strategy.py", 'has no {what}; use backend: {other} "', 'has no {what}; see toolkit/registry.py "'),),
+           ("tests/test_fix_messages.py::test_a_backend_without_a_feature_names_the_other_backend_not_the_source",)),
     Mutant("compile-ignored-on-ddp", "compile: true compiles the model on DDP, which then resumes exactly",
            (("adapters/torch/session.py", "        self._compile_next = self.config.compile",
              "        self._compile_next = False"),),

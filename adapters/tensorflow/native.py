@@ -71,7 +71,9 @@ class NativeSession(KerasSession):
         raise ToolkitError("backend=native: use session.train_step(batches)")
 
     def local_gradients(self, batches=None):
-        raise ToolkitError("backend=native has no toolkit exchange (see toolkit/registry.py)")
+        raise ToolkitError("backend=native (tensorflow) has no toolkit exchange: compression bf16/int8/topk/"
+                           "powersgd, local SGD and the parameter server run on backend: horovod; or use "
+                           "compression: none")
 
     def set_lr(self, lr: float) -> None:
         self._refuse_schedule()

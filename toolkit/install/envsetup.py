@@ -52,7 +52,9 @@ def _apt_get(packages) -> None:
     for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise ToolkitError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip().splitlines()[-1:]}")
+            last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+            raise ToolkitError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {last}; run it yourself to see "
+                               "the whole output, then `toolkit setup` again")
 
 
 def parse_engines(text: str | None) -> list[str]:

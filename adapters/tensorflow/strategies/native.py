@@ -58,7 +58,8 @@ class TensorflowNative(TensorflowStrategy, Strategy):
     def start(self, comm=None) -> Topology:
         config = self.config
         if comm is not None:
-            raise ToolkitError("backend=native runs TensorFlow's own collectives, not MPI: no communicator")
+            raise ToolkitError("backend=native runs TensorFlow's own collectives, not MPI: drop comm= from "
+                               "toolkit.start, or use backend: horovod to run on your MPI communicator")
         kind = config.strategy or (TfStrategy.MULTI_WORKER_MIRRORED if "TF_CONFIG" in os.environ
                                    else TfStrategy.MIRRORED)
         if kind is TfStrategy.MULTI_WORKER_MIRRORED:
