@@ -145,3 +145,37 @@ def test_a_mistyped_flag_gets_did_you_mean(argv, unknown, suggestion, capsys):
         main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err[-1].endswith(f"unrecognized arguments: {unknown} (did you mean {suggestion}?)"), err
+
+
+def _dry_launch(capsys, *flags) -> str:
+    assert main(["launch", *flags, "--gloo", "--dry-run", "--", "python", "-c", "pass"]) == 0
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_launch_takes_torchruns_horovodruns_and_mpiruns_spellings(capsys, monkeypatch):
+    """torchrun's --nproc-per-node (one host), horovodrun's -p, mpirun's -x NAME[=VALUE]: the same launch as the
+    toolkit's own flags; what they cannot mean here is one line."""
+    assert _dry_launch(capsys, "--nproc-per-node", "3") == _dry_launch(capsys, "-np", "3")
+    assert _dry_launch(capsys, "--nproc_per_node", "2", "--nnodes", "1") == _dry_launch(capsys, "-np", "2")
+    assert _dry_launch(capsys, "-np", "2", "-p", "2222") == _dry_launch(capsys, "-np", "2", "--ssh-port", "2222")
+    monkeypatch.setenv("TOOLKIT_TEST_EXPORTED", "here")      # -x NAME: its value here (the dry run shows changes)
+    line = _dry_launch(capsys, "-np", "2", "-x", "TOOLKIT_TEST_A=1", "-x", "TOOLKIT_TEST_EXPORTED")
+    assert line == _dry_launch(capsys, "-np", "2", "--env", "TOOLKIT_TEST_A=1") and "TOOLKIT_TEST_A=1 " in line
+    for flags, needle in ((["--nproc-per-node", "2", "--nnodes", "2"], "--nnodes 2: toolkit launch names the hosts"),
+                          ([], "needs the number of ranks: -np N (or torchrun's --nproc-per-node N)"),
+                          (["-np", "2", "-x", "TOOLKIT_TEST_NOT_SET"], "-x TOOLKIT_TEST_NOT_SET=VALUE"),
+                          (["--nproc-per-node", "2", "-H", "a:2,b:2"], "with -H or --hostfile give -np")):
+        assert main(["launch", *flags, "--dry-run", "--", "python"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], (flags, err)
+
+
+@pytest.mark.parametrize("command", ["setup", "build-horovod", "doctor", "config", "launch", "train", "bench", "plan",
+                                     "shards"])
+def test_every_commands_help_ends_with_its_examples(command, capsys):
+    from toolkit.cli import parser
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args([command, "--help"])
+    out = capsys.readouterr().out
+    examples = out[out.rindex("examples:\n"):].splitlines()[1:]
+    assert e.value.code == 0 and examples and all(ln.startswith(f"  toolkit {command} ") for ln in examples), out

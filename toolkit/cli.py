@@ -22,6 +22,9 @@ examples:
   toolkit train --framework torch --epochs 5           # one process (the same as python examples/train.py)
   toolkit launch -np 2 --gloo -- toolkit train --framework tensorflow
   toolkit launch -np 2 --dry-run -- python examples/train.py --config examples/cfg.yaml
+  toolkit launch -np 8 -H a:4,b:4 -- python train.py      # two hosts, 4 ranks each (horovodrun)
+  toolkit launch --backend native --framework torch -np 4 -- python train.py   # torchrun + DDP
+  toolkit build-horovod --frameworks torch             # Horovod built for the torch installed here
   toolkit config show --config examples/cfg.yaml       # every key, resolved
   toolkit bench --np 1,2 --framework torch             # samples/s per worker and scaling efficiency
   toolkit plan --bench runs/bench --gpus 8,64,512 --inter-node 25gbit   # predicted scaling per method
@@ -82,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)
+    for name, command_parser in sub.choices.items():     # each command's --help ends with its examples
+        lines = [ln for ln in EXAMPLES.splitlines() if ln.startswith(f"  toolkit {name} ")]
+        if lines and not command_parser.epilog:
+            command_parser.epilog = "examples:\n" + "\n".join(lines)
+            command_parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 

@@ -25,7 +25,12 @@ def register(sub) -> None:
                                       "TF_CONFIG workers, Ray or Spark",
                        usage="toolkit launch -np N [-H host:slots,...|--hostfile FILE] [--gloo|--mpi] [--framework F] "
                              "[--backend horovod|native] [--launcher ray [--address ADDR]|spark [--master URL]] [--dry-run|--emit slurm|mpijob] -- COMMAND ...")
-    p.add_argument("-np", "--np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
+    p.add_argument("-np", "--np", "--num-proc", dest="np", type=int, default=None,
+                   help="number of ranks (required, or torchrun's --nproc-per-node on one host)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, default=None,
+                   help="torchrun's spelling: ranks on this one host (the same as -np N; several hosts: -H)")
+    p.add_argument("--nnodes", default=None, help="torchrun's: 1 (one host) with --nproc-per-node; several hosts "
+                                                  "are -H host:N,...; elastic MIN:MAX is --min-np/--max-np")
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default=None, help="host:slots,... (default localhost:N)")
     hosts.add_argument("--hostfile", default=None, help="one `host slots=N` (or host:N) a line")
@@ -40,7 +45,7 @@ def register(sub) -> None:
     ctl.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="Gloo controller")
     ctl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="MPI controller")
     p.add_argument("--network-interface", default=None, help="NIC for rank traffic, e.g. lo or eth0")
-    p.add_argument("--ssh-port", type=int, default=None, help="ssh port of the other hosts")
+    p.add_argument("-p", "--ssh-port", type=int, default=None, help="ssh port of the other hosts (horovodrun's -p)")
     p.add_argument("--ssh-identity-file", default=None, help="private key for ssh to the other hosts")
     tune = p.add_argument_group("Horovod tuning (as HOROVOD_* variables for every rank)")
     tune.add_argument("--fusion-threshold-mb", type=float, default=None, help="tensor fusion buffer, MiB (0: off)")
@@ -62,6 +67,8 @@ def register(sub) -> None:
     p.add_argument("--start-timeout", type=int, default=60, help="seconds for all ranks to start (default 60)")
     p.add_argument("--timeout", type=float, default=None, help="stop the whole job after this many seconds")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
+    p.add_argument("-x", dest="export", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="mpirun's: a variable for every rank; NAME alone passes its value here")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
     p.add_argument("--emit", default=None, choices=("slurm", "mpijob"),
                    help="print the same launch as an sbatch script or a Kubeflow MPIJob manifest, run nothing")
@@ -83,6 +90,7 @@ def run(args) -> int:
     from toolkit.launch.spec import LaunchSpec, choose_launcher
     from toolkit.tuning import tuning_env
 
+    args.np = _ranks(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found = config.command_keys(command)
     framework = _framework(args, command, found)
@@ -90,7 +98,7 @@ def run(args) -> int:
         raise ToolkitError(f"--backend {args.backend} is not available for --framework {framework}; "
                            f"use one of: {', '.join(registry.spec(framework).backends)}")
     launcher = choose_launcher(args.launcher, args.backend, framework, args.controller)
-    env = list(args.env)
+    env = list(args.env) + [_exported(item) for item in args.export]
     for key, value in (("framework", args.framework), ("backend", args.backend)):
         if value is not None and f"TOOLKIT_{key.upper()}" not in os.environ:
             env.append(f"TOOLKIT_{key.upper()}={value}")
@@ -130,6 +138,31 @@ def run(args) -> int:
             print(launch.format_command(argv, command_env, os.environ))
         return 0
     return launch.run(spec, timeout=args.timeout)    # a failed rank's own line says why, its code is the job's
+
+
+def _ranks(args) -> int:
+    """-np, or torchrun's --nproc-per-node on one host (--nnodes 1 or unset)."""
+    from toolkit.errors import ToolkitError
+    if args.nnodes not in (None, "1"):
+        raise ToolkitError(f"--nnodes {args.nnodes}: toolkit launch names the hosts instead: -H host1:N,host2:N "
+                           "(N ranks on each); elastic MIN:MAX is --min-np MIN --max-np MAX")
+    if args.nproc_per_node is not None and args.np is not None and args.nproc_per_node != args.np:
+        raise ToolkitError(f"-np {args.np} and --nproc-per-node {args.nproc_per_node} disagree on one host: give one")
+    if args.np is None and args.nproc_per_node is None:
+        raise ToolkitError("toolkit launch needs the number of ranks: -np N (or torchrun's --nproc-per-node N)")
+    if args.nproc_per_node is not None and (args.hosts or args.hostfile):
+        raise ToolkitError("--nproc-per-node is ranks on this one host; with -H or --hostfile give -np (the total)")
+    return args.np if args.np is not None else args.nproc_per_node
+
+
+def _exported(item: str) -> str:
+    """mpirun's `-x NAME=VALUE`, or `-x NAME`: NAME with its value in this environment."""
+    from toolkit.errors import ToolkitError
+    if "=" in item:
+        return item
+    if item not in os.environ:
+        raise ToolkitError(f"-x {item}: {item} is not set here; give its value, -x {item}=VALUE")
+    return f"{item}={os.environ[item]}"
 
 
 def _framework(args, command, found) -> str | None:
