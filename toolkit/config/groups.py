@@ -242,7 +242,7 @@ class CheckpointConfig:
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
     resume: bool = _f(False, "continue from the latest checkpoint in checkpoint_dir")
     preemption_check_every: int = _f(10, "steps between the ranks' checks for SIGTERM (one small allreduce: "
-                                         "~3-5 ms over Gloo here); on SIGTERM every rank stops at the next "
+                                         "a few ms over Gloo on a CPU); on SIGTERM every rank stops at the next "
                                          "check, rank 0 checkpoints, exit 75")
 
 
