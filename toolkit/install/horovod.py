@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
-from toolkit.install import pins, support, wheelhouse
+from toolkit.install import buildlog, pins, support, wheelhouse
 from toolkit.install import toolchain as toolchain_mod
 from toolkit.install.buildspec import ALL_FRAMEWORKS, BuildSpec
 from toolkit.install.workarounds import WORKAROUNDS, Build, pip
@@ -308,10 +308,12 @@ def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str |
             try:
                 # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and would hand back
                 # a wheel built against other framework versions (seen when torch's pin moved)
-                pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir", "-v",
-                     "-w", str(work / "dist"), target, env=env, log=log)
+                with buildlog.Progress(log_path, say) as progress:
+                    pip("wheel", "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "--no-cache-dir",
+                        "-v", "-w", str(work / "dist"), target, env=env, log=log)
             except ToolkitError as e:
                 raise ToolkitError(f"{e}; {first_errors(log_path)}") from None
+            say(f"horovod: compiled in {progress.took()}")
         wheel = next((work / "dist").glob("horovod-*.whl"))
         data = wheelhouse.manifest(spec, versions, key, wheel, toolchain, applied)
         _install(wheel, key, data)

@@ -1,0 +1,50 @@
+"""build-horovod's progress (toolkit/install/buildlog.py): CMake's percent read from the build's log while it
+runs, a line at the interval with the time so far, the duration at the end; no lines under CI."""
+import threading
+import time
+
+from toolkit.install import buildlog
+
+LOG = """toolkit: toolchain GCC 12.2.0
+  -- The CXX compiler identification is GNU 12.2.0 (cmake)
+  [  0%] Building CXX object third_party/gloo/gloo/CMakeFiles/gloo.dir/algorithm.cc.o
+  [ 45%] Building CXX object horovod/torch/CMakeFiles/pytorch.dir/mpi_ops_v2.cc.o
+"""
+
+
+def test_progress_is_cmakes_last_percent_or_the_stage_before_it():
+    assert buildlog.progress(LOG) == ("45% of the build steps (Building CXX object horovod/torch/CMakeFiles/pytorch.dir/"
+                                      "mpi_ops_v2.cc.o)")
+    assert buildlog.progress(LOG.split("  [")[0]) == "configuring (CMake)"
+    assert buildlog.progress("") == "preparing the sources"
+    assert buildlog.minutes(845.2) == "14 min 05 s"
+
+
+def test_a_running_build_says_where_it_is_at_the_interval(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("")
+    said = []
+
+    def build():          # what pip -v writes while Horovod compiles
+        for line in LOG.splitlines():
+            with open(log, "a") as f:
+                f.write(line + "\n")
+            time.sleep(0.05)
+
+    with buildlog.Progress(log, said.append, every=0.03) as progress:
+        worker = threading.Thread(target=build)
+        worker.start()
+        worker.join()
+        time.sleep(0.1)
+    assert said and all(line.startswith("horovod: ") and line.endswith(" so far") for line in said), said
+    assert said[-1].startswith("horovod: 45% of the build steps"), said
+    count = len(said)
+    time.sleep(0.1)
+    assert len(said) == count and progress.took() == "0 min 00 s"     # nothing after the build ended
+
+
+def test_no_progress_lines_under_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    assert buildlog.default_every() is None
+    monkeypatch.delenv("CI")
+    assert buildlog.default_every() in (30.0, 300.0)
