@@ -6,6 +6,7 @@ import pty
 import re
 import struct
 import subprocess
+import sys
 import termios
 import threading
 from pathlib import Path
@@ -147,3 +148,17 @@ def test_cpu_fusion_default_only_when_nobody_chose(monkeypatch):
     monkeypatch.setattr(os, "environ", env)
     apply_horovod_tuning(config.resolve({}, environ={}))      # GPUs: Horovod's own default
     assert "HOROVOD_FUSION_THRESHOLD" not in env
+
+
+def test_toolkit_shards_shows_a_bar_of_samples_on_a_terminal_only(tmp_path):
+    """`toolkit shards` writing a text file's samples: tqdm's bar (samples written, samples/s) on a terminal; piped,
+    no bar, the one summary line."""
+    from tests.workload_data import text_file
+    corpus = text_file(tmp_path / "corpus.txt")
+    argv = [sys.executable, "-m", "toolkit", "shards", f"text:{corpus}", tmp_path / "tty", "--framework", "torch",
+            "--context", "16", "--shard-size", "50"]
+    code, terminal = run_on_terminal(argv)
+    assert code == 0 and re.search(r"toolkit shards: +\d+%.*\| *\d+/\d+ \[.*sample/s\]", terminal), terminal[-2000:]
+    piped = run([*argv[:5], tmp_path / "piped", *argv[6:]], timeout=120)
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "sample/s" not in piped.stderr, piped.stderr
+    assert piped.stdout.startswith("toolkit shards: ") and len(piped.stdout.splitlines()) == 1, piped.stdout

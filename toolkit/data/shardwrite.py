@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import sys
 from pathlib import Path
 
 from toolkit import registry
@@ -64,6 +65,17 @@ def _text(spec, path, context):
     return dict(kind="tokens", context=context), split(x_train, y_train), split(x_test, y_test)
 
 
+def _bar(total: int):
+    """tqdm's bar of the samples written (with samples/s), on a terminal only (logs stay clean)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:         # the `progress` extra is not installed: no bar
+        return None
+    return tqdm(total=total, desc="toolkit shards", unit="sample", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
 def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, context: int = 64,
           say=print) -> Path:
     """Writes the shards and their index; returns the index's path."""
@@ -88,6 +100,7 @@ def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, c
     import numpy as np
     order = np.random.RandomState(0).permutation(len(train))
     splits = {}
+    bar = _bar(len(train) + len(evaluation))
     for name, samples in (("train", [train[i] for i in order]), ("eval", evaluation)):
         files: list = []
         for start in range(0, len(samples), shard_size):
@@ -96,9 +109,13 @@ def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, c
             part = samples[start:start + shard_size]
             for sample_id, label, payload, ext in part:
                 writer.write(sample_id, label, payload(), ext)
+                if bar is not None:
+                    bar.update(1)
             writer.close()
             files.append((file, len(part)))
         splits[name] = files
+    if bar is not None:
+        bar.close()
     index = streams.write_index(tmp, format=fmt, kind=meta.pop("kind"), source=source, framework=framework,
                                 splits=splits, **meta)
     if root.exists():
