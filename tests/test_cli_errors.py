@@ -179,3 +179,20 @@ def test_every_commands_help_ends_with_its_examples(command, capsys):
     out = capsys.readouterr().out
     examples = out[out.rindex("examples:\n"):].splitlines()[1:]
     assert e.value.code == 0 and examples and all(ln.startswith(f"  toolkit {command} ") for ln in examples), out
+
+
+def test_launch_takes_torchruns_max_restarts(capsys):
+    """`--max-restarts N` reaches torchrun (elastic or not; elastic keeps 3 unless given); another launcher: one line."""
+    native = ["--backend", "native", "--framework", "torch", "-np", "2"]
+
+    def torchrun(*flags):
+        assert main(["launch", *native, *flags, "--dry-run", "--", "python", "-c", "pass"]) == 0
+        return capsys.readouterr().out
+
+    assert "--nnodes 1:1 --max-restarts 5 " in torchrun("--min-np", "2", "--max-restarts", "5")
+    assert "--nnodes 1:1 --max-restarts 3 " in torchrun("--min-np", "2")
+    assert "--nproc-per-node 2 --max-restarts 0 " in torchrun("--max-restarts", "0")
+    assert "--max-restarts" not in torchrun()
+    assert main(["launch", "-np", "2", "--max-restarts", "5", "--dry-run", "--", "python"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-restarts 5: torchrun's restarts" in err[0], err

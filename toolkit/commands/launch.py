@@ -58,6 +58,9 @@ def register(sub) -> None:
     el.add_argument("--min-np", type=int, default=None, help="fewest workers the job goes on with")
     el.add_argument("--max-np", type=int, default=None, help="most workers")
     el.add_argument("--host-discovery-script", default=None, help="executable printing `host:slots` lines")
+    el.add_argument("--max-restarts", type=int, default=None,
+                    help="torchrun's (--backend native): restarts of the workers after a failure before the job "
+                         "fails (elastic default 3, else none)")
     eng = p.add_argument_group("Ray and Spark (--launcher ray|spark; docs/CLUSTERS.md)")
     eng.add_argument("--address", default=None, help="Ray: the cluster (HEAD:6379 or auto); none: a local Ray for "
                                                      "the job")
@@ -117,6 +120,7 @@ def run(args) -> int:
             env.append(f"TOOLKIT_ELASTIC_{key.upper()}={value}")
     spec = LaunchSpec(min_np=elastic["min_np"], max_np=elastic["max_np"], discovery=elastic["discovery"],
                       command=tuple(command), np=args.np, hosts=hosts, launcher=launcher,
+                      max_restarts=args.max_restarts,
                       controller=args.controller, start_timeout=args.start_timeout,
                       network_interface=args.network_interface, env=tuple(env),
                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,

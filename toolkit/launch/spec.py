@@ -35,6 +35,7 @@ class LaunchSpec:
     min_np: Optional[int] = None
     max_np: Optional[int] = None
     discovery: Optional[str] = None      # executable printing `host:slots` lines
+    max_restarts: Optional[int] = None   # torchrun elastic: restarts of the worker group (None: 3)
     # Ray and Spark (launchers/engine.py): where the engine runs (None: a local one for the job), each worker's share
     address: Optional[str] = None        # Ray: ADDR (head:6379) or auto
     master: Optional[str] = None         # Spark: spark://host:7077, local[N], ...
@@ -54,6 +55,9 @@ class LaunchSpec:
             raise ToolkitError(f"controller {self.controller!r}: choose --gloo or --mpi")
         if self.start_timeout < 1:
             raise ToolkitError(f"--start-timeout {self.start_timeout}: must be at least 1 second")
+        if self.max_restarts is not None and (self.launcher != "torchrun" or self.max_restarts < 0):
+            raise ToolkitError(f"--max-restarts {self.max_restarts}: torchrun's restarts of the workers after a "
+                               "failure (0 or more), with --backend native --framework torch; drop it otherwise")
         slots = total_slots(self.hosts) if self.hosts else None
         if slots is not None and self.np > slots:
             raise ToolkitError(f"-np {self.np} is more than the {slots} slot(s) in -H {self.hosts}; "

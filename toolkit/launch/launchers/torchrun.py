@@ -52,10 +52,17 @@ def torchrun_nodes(spec) -> list[tuple[str, int]]:
 def torchrun_size(spec, nodes: int, per_node: int) -> list[str]:
     """--nnodes for `nodes` hosts of `per_node` ranks; elastic: the range of nodes and the restarts."""
     if not spec.elastic:
-        return ["--nnodes", str(nodes)]
+        return ["--nnodes", str(nodes), *restarts(spec)]
     low = (spec.min_np or spec.np) // per_node
     high = spec.max_np // per_node if spec.max_np else nodes
-    return ["--nnodes", f"{low}:{high}", "--max-restarts", str(TORCHRUN_MAX_RESTARTS)]
+    return ["--nnodes", f"{low}:{high}", *restarts(spec)]
+
+
+def restarts(spec) -> list[str]:
+    """--max-restarts as given (`toolkit launch --max-restarts`), else TORCHRUN_MAX_RESTARTS when elastic."""
+    if spec.max_restarts is None and not spec.elastic:
+        return []
+    return ["--max-restarts", str(TORCHRUN_MAX_RESTARTS if spec.max_restarts is None else spec.max_restarts)]
 
 
 def plan_torchrun(spec, environ: Mapping[str, str] | None = None, port=free_port,
@@ -73,7 +80,7 @@ def plan_torchrun(spec, environ: Mapping[str, str] | None = None, port=free_port
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     tail = ["--tee", "3", "--log-line-prefix-template", TORCHRUN_TAG, *spec.extra, "--no-python", *spec.command]
     if len(nodes) == 1 and not spec.elastic:
-        argvs = [torchrun + ["--standalone", "--nproc-per-node", str(per)] + tail]
+        argvs = [torchrun + ["--standalone", "--nproc-per-node", str(per), *restarts(spec)] + tail]
     else:
         first = nodes[0][0]
         if is_local(first):     # the others reach this machine by its name
