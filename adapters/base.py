@@ -381,8 +381,8 @@ class Session(TensorWork):
         collective). Batches `(x, y)`: the setup loss, and accuracy as argmax of 2-D outputs against
         integer labels (else None). Other batches (dicts, more fields): `metric(model, batch)` returns
         the batch's mean loss, or (mean loss, number correct); it runs as inference (torch: no_grad,
-        the config's autocast); without a metric, torch's is the loss the step trains with (no accuracy). `collective=False`: this rank's own model on what its loader holds,
-        nothing exchanged (a parameter-server worker's view between epochs)."""
+        the config's autocast); without a metric, torch's is the loss the step trains with (no accuracy).
+        `collective=False`: this rank's own model on what its loader holds, nothing exchanged (a parameter-server worker's view between epochs)."""
         import numpy as np
         if collective:
             self.sync_buffers()

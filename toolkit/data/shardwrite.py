@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import io
 import shutil
-import sys
 from pathlib import Path
 
-from toolkit import registry
+from toolkit import messages, registry
 from toolkit.config import on_disk
 from toolkit.data import ondisk, streams
 from toolkit.errors import ToolkitError
@@ -65,17 +64,6 @@ def _text(spec, path, context):
     return dict(kind="tokens", context=context), split(x_train, y_train), split(x_test, y_test)
 
 
-def _bar(total: int):
-    """tqdm's bar of the samples written (with samples/s), on a terminal only (logs stay clean)."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:         # the `progress` extra is not installed: no bar
-        return None
-    return tqdm(total=total, desc="toolkit shards", unit="sample", file=sys.stderr, leave=False, dynamic_ncols=True)
-
-
 def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, context: int = 64,
           say=print) -> Path:
     """Writes the shards and their index; returns the index's path."""
@@ -100,7 +88,7 @@ def write(source: str, out: str, framework: str, shard_size: int = SHARD_SIZE, c
     import numpy as np
     order = np.random.RandomState(0).permutation(len(train))
     splits = {}
-    bar = _bar(len(train) + len(evaluation))
+    bar = messages.bar(len(train) + len(evaluation), "toolkit shards", "sample")    # a terminal's only
     for name, samples in (("train", [train[i] for i in order]), ("eval", evaluation)):
         files: list = []
         for start in range(0, len(samples), shard_size):

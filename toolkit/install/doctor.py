@@ -189,7 +189,8 @@ def _check_runtime(wanted: list[str]) -> None:
 
 def report(framework: str) -> int:
     """Print the checks of `framework` (`all`: every one) and which of them can train; return 1 if one it
-    asked for cannot train here or any check printed FAIL, else 0. Nothing about a framework that was not asked for."""
+    asked for cannot train here or any check printed FAIL, else 0. Nothing about a framework that was not
+    asked for."""
     if framework != ALL:
         registry.spec(framework)   # an unknown name fails now, not after the probes
     _FAILED.clear()

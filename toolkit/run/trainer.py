@@ -7,11 +7,11 @@ every replica's parameter digest is gathered and compared.
 """
 from __future__ import annotations
 
-import sys
 import time
 import types
 from typing import Any
 
+from toolkit import messages
 from toolkit.config import PS_SYNCS, Config
 from toolkit.data import datasets
 from toolkit.errors import ToolkitError
@@ -24,11 +24,9 @@ BAR_LOSS_EVERY = 10     # steps between the progress bar's readings of the loss
 
 def _progress_bar(config: Config, rank: int, epoch: int, steps: int, done: int):
     """Rank 0's tqdm bar for one epoch, only on a terminal and without `quiet` (logs stay clean)."""
-    if rank != 0 or config.quiet or not sys.stderr.isatty():
+    if rank != 0 or config.quiet:
         return None
-    from tqdm import tqdm
-    return tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step",
-                leave=False, file=sys.stderr, dynamic_ncols=True)
+    return messages.bar(steps, f"epoch {epoch + 1}/{config.epochs}", "step", initial=done)
 
 
 def _preempted(config: Config, session, state, epoch: int) -> None:
