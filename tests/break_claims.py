@@ -7,7 +7,7 @@
 Each mutant is a small edit to the toolkit's code that makes one README claim false (resume
 silently retraining from step 0, the SSP server loosening its bound, ...). The script applies it,
 runs the tests that guard the claim, restores the file (always, also on Ctrl-C) and prints whether
-the tests failed, as they must. docs/TESTING.md lists the claims, their tests and these mutants.
+the tests failed, as they must. tests/README.md lists the claims, their tests and these mutants.
 Not part of `make test` (each mutant reruns real multi-rank jobs); nothing here is committed broken.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, clean_env
 
 pytestmark = pytest.mark.distributed
 
-FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md"]
 
 # (pattern, why it does not run here): the first that matches a command decides
 NOT_HERE = [

@@ -109,7 +109,7 @@ def run(argv: list[str] | None = None):
     The process ends once its atexit handlers ran (Horovod's shutdown and timeline, multiprocessing's
     loader workers, logging's flush) and MPI is finalized, without Python's teardown of every module:
     a rank that imported a framework spends up to a second there (2 ranks, 1 epoch of digits, medians
-    of 5: 7.0 -> 6.3 s torch, 8.4 -> 7.3 s TensorFlow; docs/TESTING.md). Files the toolkit writes are
+    of 5: 7.0 -> 6.3 s torch, 8.4 -> 7.3 s TensorFlow; tests/README.md). Files the toolkit writes are
     closed before main() returns. With another Python thread still running, the normal exit (which
     waits for it); in a TensorFlow multi-worker job (TF_CONFIG) too: a worker's last collective can
     be done on its side while a peer still pulls its part (RecvBuf), and TensorFlow's coordination
