@@ -21,11 +21,7 @@ class Part:
     loss_fn: Any = None
     loss_given: bool = False        # setup() was given the loss (else cross-entropy, or the model's own loss)
     communication: Any = None       # toolkit.exchange.communication.Communication, made by setup()
-
-
-def _on_part(name: str):
-    """A session attribute that is the active part's."""
-    return property(lambda self: getattr(self._part, name), lambda self, value: setattr(self._part, name, value))
+    params: Any = None              # MXNet: the model's Gluon ParameterDict (the others read the model itself)
 
 
 def on_part(name: str):

@@ -102,13 +102,13 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_onc
     assert set(counts[0].values()) == {1} and len(counts[0]) == 512 and len(counts[1]) == 512
 
 
-@pytest.mark.parametrize("fw", ["torch", "torch-native"], indirect=True)
+@pytest.mark.parametrize("fw", ["torch", "torch-native", "mxnet"], indirect=True)
 def test_one_backward_then_each_optimizer_steps_as_one_optimizer_over_both(fw, tmp_path):
-    """A backbone and a head set up with their own optimizers, one loss: after each backward both step
-    (by name, in any order; Horovod: also session.step() for both), and the job ends bit for bit where one
-    optimizer over the whole model ends, one optimizer step counted per backward."""
+    """A backbone and a head set up with their own optimizers (MXNet: two Trainers), one loss: after each
+    backward both step (by name, in any order; Horovod: also session.step() for both), and the job ends bit
+    for bit where one optimizer over the whole model ends, one optimizer step counted per backward."""
     one = user_loop(fw, tmp_path / "one.json", "--epochs", "1", "--two-optimizers", "one")
-    variants = ["named", "all"] if fw == "torch" else ["named"]
+    variants = ["named", "all"] if fw != "torch-native" else ["named"]
     for variant in variants:
         two = user_loop(fw, tmp_path / f"{variant}.json", "--epochs", "1", "--two-optimizers", variant)
         assert len(set(two["final_digests"])) == 1 and two["final_digests"] == one["final_digests"], (variant, two)

@@ -1,7 +1,8 @@
 """An MXNet Gluon user's own code as they write it (tests/user_gluon.py), at 2 ranks through `toolkit launch`:
 a model whose shapes Gluon defers (layers without in_channels / in_units) in a user's loop (hybridized,
 with accumulation, checkpointed and resumed) and through the built-in script; MXNet's own
-FactorScheduler on the optimizer given to setup(); datasets of three fields and of dicts.
+FactorScheduler on the optimizer given to setup(); datasets of three fields and of dicts; a GAN (two models,
+their own optimizers, one checkpoint).
 """
 import sys
 from collections import Counter
@@ -131,6 +132,33 @@ def test_three_field_and_dict_samples(tmp_path):
     assert r["digests"] == records[1]["digests"] and len(set(r["digests"])) == 1
 
 
+def assert_every_sample_once(records, n):
+    counts = Counter(i for r in records for i in r["seen"])
+    epochs = set(counts.values())
+    assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"
+
+
+def test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):
+    """Generator (Adam) and discriminator (SGD with momentum) set up one after the other, each stepped
+    with its own optimizer (the generator's backward also gives the discriminator gradients: dropped at
+    the next backward): replicas of both identical, every sample once, and a run stopped mid-epoch and
+    resumed from its checkpoint ends bit for bit where the uninterrupted one did (tests/user_torch.py's
+    GAN, in Gluon)."""
+    straight = user_gluon("gan", tmp_path / "straight", "--epochs", "2", "--checkpoint-dir", tmp_path / "a")
+    for r in straight:
+        assert r["global_step"] == 2 * 2 * 256 // (2 * 16), r["global_step"]     # two optimizer steps a batch
+        assert len(set(r["digests"])) == 1, r["digests"]
+    assert straight[0]["digests"] == straight[1]["digests"]
+    assert_every_sample_once(straight, 256)
+    user_gluon("gan", tmp_path / "cut", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--stop-at", "10")
+    assert sorted(p.name for p in next((tmp_path / "b").glob("ckpt-*")).glob("*.params")) == ["model.params",
+                                                                                               "model1.params"]
+    resumed = user_gluon("gan", tmp_path / "resumed", "--epochs", "2", "--checkpoint-dir", tmp_path / "b",
+                         "--resume")
+    assert resumed[0]["digests"] == straight[0]["digests"], "the resumed GAN ended elsewhere"
+    assert resumed[0]["weights"] == straight[0]["weights"]
+
+
 CODE = """
 import sys
 import toolkit
@@ -138,6 +166,8 @@ from toolkit.errors import ToolkitError
 from tests import user_gluon
 session = toolkit.start(framework="mxnet", checkpoint_dir=sys.argv[1], sync=sys.argv[2])
 try:
+    if sys.argv[3] == "second":
+        session.setup(user_gluon.net(explicit=True))
     session.setup(user_gluon.net())
     session.save()
 except ToolkitError as e:
@@ -145,12 +175,14 @@ except ToolkitError as e:
 """
 
 
-@pytest.mark.parametrize("sync, needles", [
-    ("every_step", ["session.save(): the model's shapes are not known yet", "run a step first", "in_channels"]),
-    ("async_ps", ["parameters of unknown shape (conv", "sync=async_ps", "in_units/in_channels"]),
-], ids=["save", "parameter-server"])
-def test_what_needs_the_shapes_before_the_first_forward_pass_is_one_line(tmp_path, sync, needles):
-    proc = run([sys.executable, "-c", CODE, tmp_path / "ckpt", sync], timeout=120)
+@pytest.mark.parametrize("sync, models, needles", [
+    ("every_step", "one", ["session.save(): the model's shapes are not known yet", "run a step first",
+                           "in_channels"]),
+    ("async_ps", "one", ["parameters of unknown shape (conv", "sync=async_ps", "in_units/in_channels"]),
+    ("every_step", "second", ["second model whose shapes Gluon defers", "in_units/in_channels"]),
+], ids=["save", "parameter-server", "second-model"])
+def test_what_needs_the_shapes_before_the_first_forward_pass_is_one_line(tmp_path, sync, models, needles):
+    proc = run([sys.executable, "-c", CODE, tmp_path / "ckpt", sync, models], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout

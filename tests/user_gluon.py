@@ -7,6 +7,8 @@ at 1 and 2 ranks through `toolkit launch`):
               or (`--trainer-step`) by the Trainer setup() returned; checkpoints, resume
     fields    a Gluon dataset of three fields (image, label, index), and one whose batchify_fn
               makes dicts, evaluated with `evaluate(metric=...)`
+    gan       a tiny GAN: generator and discriminator, each set up with its own optimizer, `step(optimizer)`;
+              checkpoints hold both (stop at a step, resume, compare with the run that did not stop)
 
 and, for the built-in script, `build(config)` (the deferred net; `build_explicit` the same with every
 input size given) and `load(config)`:
@@ -114,6 +116,51 @@ def loop(a, session) -> dict:
             "weights": [w.ravel().tolist() for w in session.weights()]}
 
 
+def gan(a, session) -> dict:
+    """Points on a ring (the data) against a generator from 4-d noise, as tests/user_torch.py's GAN. The
+    noise of a step is drawn from the step number, so a resumed run draws what the uninterrupted one drew."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    samples, noise_size = 256, 4
+    generator = gluon.nn.HybridSequential()
+    generator.add(gluon.nn.Dense(16, activation="relu", in_units=noise_size), gluon.nn.Dense(2, in_units=16))
+    discriminator = gluon.nn.HybridSequential()
+    discriminator.add(gluon.nn.Dense(16, in_units=2), gluon.nn.LeakyReLU(0.2), gluon.nn.Dense(1, in_units=16))
+    generator, g_opt = session.setup(generator, mx.optimizer.Adam(learning_rate=0.003))
+    discriminator, d_opt = session.setup(discriminator, mx.optimizer.SGD(learning_rate=0.05, momentum=0.9))
+    angle = np.random.RandomState(3).uniform(0, 2 * np.pi, samples)
+    ring = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
+    loader = session.loader((ring, np.arange(samples)))          # (points, index): any arity
+    meta = session.load() if a.resume else {}
+    bce = gluon.loss.SigmoidBinaryCrossEntropyLoss()
+    seen, losses = [], []
+    for epoch in range(meta.get("epoch", 0), a.epochs):
+        loader.set_epoch(epoch)
+        for real, index in loader:
+            n = len(real)
+            z = mx.nd.array(np.random.RandomState(1000 * session.global_step).randn(n, noise_size).astype(np.float32))
+            ones, zeros = mx.nd.ones((n, 1)), mx.nd.zeros((n, 1))
+            with autograd.record():
+                fake = generator(z)
+                d_loss = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)
+            session.backward(d_loss)
+            session.step(d_opt)
+            with autograd.record():
+                g_loss = bce(discriminator(generator(z)), ones)         # also gives D gradients
+            session.backward(g_loss)
+            session.step(g_opt)
+            seen += index.asnumpy().astype(int).tolist()
+            losses.append([float(d_loss.mean().asscalar()), float(g_loss.mean().asscalar())])
+            if a.stop_at and session.global_step == a.stop_at:
+                session.save(a.checkpoint_dir, epoch=epoch)
+                return {"stopped": True}
+        if a.checkpoint_dir:
+            session.save(a.checkpoint_dir, epoch=epoch + 1)
+    return {"seen": seen, "losses": losses, "digests": session.check_replicas(),
+            "weights": [float(p.data().sum().asscalar()) for m in (generator, discriminator)
+                        for p in m.collect_params().values()]}
+
+
 class Records:
     """What a Hugging Face-style dataset gives: a dict per sample (Gluon's own batchify takes only
     fields; the session's batches dicts key by key)."""
@@ -168,7 +215,7 @@ def fields(a, session) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["loop", "fields"])
+    p.add_argument("case", choices=["loop", "fields", "gan"])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--accumulation-steps", type=int, default=1)
@@ -186,7 +233,7 @@ def main() -> int:
     session = toolkit.start(framework="mxnet", batch_size=a.batch_size, accumulation_steps=a.accumulation_steps,
                             optimizer="sgd", lr=0.1, checkpoint_dir=a.checkpoint_dir, resume=a.resume,
                             compression=a.compression, error_feedback=a.compression != "none" or None)
-    record = {"loop": loop, "fields": fields}[a.case](a, session)
+    record = {"loop": loop, "fields": fields, "gan": gan}[a.case](a, session)
     record.update(rank=session.rank, size=session.size, global_step=session.global_step)
     Path(f"{a.out}.{session.rank}.json").write_text(json.dumps(record))
     return 0

@@ -69,7 +69,7 @@ def main() -> int:
     p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
                    "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
     p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
-    p.add_argument("--two-optimizers", choices=["one", "named", "all"], help="torch, the model without BatchNorm "
+    p.add_argument("--two-optimizers", choices=["one", "named", "all"], help="torch or mxnet, the model without BatchNorm "
                    "as a backbone and a head: one: one optimizer over both (the reference); named: each set up with "
                    "its own, both stepped after each backward (session.step(head's), then backbone's); all: "
                    "session.step() steps both")
@@ -88,7 +88,7 @@ def main() -> int:
     with session.scope():
         model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
     if a.two_optimizers:
-        return two_optimizers(session, plain_model("torch"), a)
+        return (two_optimizers if a.framework == "torch" else two_trainers)(session, plain_model(a.framework), a)
     if a.compile:
         import torch
         model = torch.compile(model)
@@ -150,6 +150,48 @@ def two_optimizers(session, model, a) -> int:
             else:
                 session.step()
     weights = [p.detach().cpu().numpy().copy() for p in model.parameters()]    # the modules setup() shares
+    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
+    digests = session.allgather_object(digest, name="two_optimizers")
+    if session.is_main:
+        np.savez(a.out + ".npz", *weights)
+        Path(a.out).write_text(json.dumps({"final_digests": digests, "steps": session.global_step}))
+    session.close()
+    return 0
+
+
+def two_trainers(session, model, a) -> int:
+    """two_optimizers in Gluon: a backbone and a head with their own optimizers (Horovod's two
+    DistributedTrainers), one loss, backward once, then each optimizer."""
+    import hashlib
+
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    def sgd():
+        return mx.optimizer.SGD(learning_rate=a.lr, momentum=a.momentum)
+    model.initialize(mx.init.Xavier())      # here, so both cases start from the same draws (setup() reseeds)
+    if a.two_optimizers == "one":
+        forward, _ = session.setup(model, sgd())
+    else:
+        backbone, opt_backbone = session.setup(model[:1], sgd())
+        head, opt_head = session.setup(model[1:], sgd())
+
+        def forward(x):
+            return head(backbone(x))
+    data, _ = indexed("mxnet")
+    loader = session.loader(data)
+    cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()
+    for epoch in range(a.epochs):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            with autograd.record():
+                loss = cross_entropy(forward(x), y)
+            session.backward(loss)
+            if a.two_optimizers == "named":
+                session.step(opt_head), session.step(opt_backbone)      # any order, each once
+            else:
+                session.step()
+    weights = [p.data().asnumpy().copy() for p in model.collect_params().values()]
     digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
     digests = session.allgather_object(digest, name="two_optimizers")
     if session.is_main:

@@ -22,6 +22,7 @@ from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
 from toolkit.adapters.mxnet.precision import Precision
 from toolkit.adapters.mxnet.precision import float32 as _float32
+from toolkit.adapters.parts import on_part
 from toolkit.config import PS_SYNCS, Optimizer
 from toolkit.data.batch import map_structure
 from toolkit.errors import ToolkitError
@@ -43,9 +44,19 @@ PARAMS_FILE = "model.params"
 STATES_FILE = "trainer.states"
 
 
+def part_files(index: int) -> tuple[str, str]:
+    """A checkpoint's files of the index-th model set up: model.params and trainer.states for the first,
+    model1.params and trainer1.states for the second, ..."""
+    if index == 0:
+        return PARAMS_FILE, STATES_FILE
+    return f"model{index}.params", f"trainer{index}.states"
+
+
 class MxnetSession(DeferredShapes, Session):
     name = "mxnet"
     strategy: MxnetStrategy
+    params = on_part("params")      # the model's Gluon ParameterDict (per model: several models, a GAN's two)
+    several_models = True
     accumulate = False      # gradients add up in .grad (set by the strategy's wrap)
     _samples = 0
     _loss: Any              # the step's summed micro-batch losses (backward)
@@ -79,6 +90,9 @@ class MxnetSession(DeferredShapes, Session):
         else:
             model.collect_params().reset_ctx(self.ctx)
         self.params = params
+        if len(self.parts) > 1 and not self.parameter_shapes():
+            raise ToolkitError("session.setup(model) of a second model whose shapes Gluon defers: several models "
+                               "need their shapes at setup; give the layers in_units/in_channels")
         if not self.parameter_shapes():
             if self.config.sync in PS_SYNCS:
                 name = next(name for name, p in params.items() if p._data is None)
@@ -87,6 +101,18 @@ class MxnetSession(DeferredShapes, Session):
                                    "the parameters at setup; give the layers in_units/in_channels")
             self._first_call = model.register_forward_pre_hook(self._finish_setup)
         return model
+
+    def _refuse_another_model(self) -> None:
+        if not self.shapes_known:
+            raise ToolkitError("session.setup() of a second model while the first one's shapes are deferred "
+                               "(Gluon's deferred initialisation): several models need their shapes at setup; "
+                               "give the first model's layers in_units/in_channels")
+        super()._refuse_another_model()
+
+    def has_gradients(self, part) -> bool:
+        """Whether the last backward pass wrote gradients of `part`'s model no step used (Gluon's own
+        `_fresh_grad` flag, which its Trainer clears when it updates)."""
+        return any(d._fresh_grad for p in part.params.values() if p.grad_req != "null" for d in p.list_data())
 
     def trainable(self) -> list:
         """The parameters the optimizer trains (grad_req not null)."""
@@ -149,9 +175,11 @@ class MxnetSession(DeferredShapes, Session):
     # -- the step -----------------------------------------------------------------------------------
     def backward(self, loss, tape=None) -> None:
         """`loss` as Gluon's losses give it, one value per sample (or a mean: one value)."""
+        self._new_backward()
         self.precision.backward(loss)
-        self._samples += int(loss.size)
-        self._loss = loss.sum() if self.micro == 0 else self._loss + loss.sum()     # / samples: the step's mean
+        # / samples: the step's mean; kept until the next step's first backward (every model it reached steps on it)
+        self._samples = int(loss.size) + (self._samples if self.micro else 0)
+        self._loss = loss.sum() if self.micro == 0 else self._loss + loss.sum()
         self.micro += 1
 
     def _micro_batches(self, batches):
@@ -195,7 +223,6 @@ class MxnetSession(DeferredShapes, Session):
         if self.accumulate:
             for p in self.trainable():
                 p.zero_grad()
-        self._samples = 0
 
     def local_gradients(self, batches=None):
         loss, samples = self._micro_batches(batches) if batches is not None else (None, self._samples)
@@ -269,12 +296,21 @@ class MxnetSession(DeferredShapes, Session):
     def _save_objects(self, folder: Path) -> None:
         if not self.shapes_known:
             raise self._unknown_shapes("session.save()")
-        self.model.save_parameters(str(folder / PARAMS_FILE))
-        self.optimizer.save_states(str(folder / STATES_FILE))
+        for index, part in enumerate(self.parts):
+            params, states = part_files(index)
+            part.model.save_parameters(str(folder / params))
+            part.optimizer.save_states(str(folder / states))
 
     def _load_objects(self, folder: Path) -> None:
-        self.model.load_parameters(str(folder / PARAMS_FILE), ctx=self.ctx)
-        self.load_trainer_states(str(folder / STATES_FILE))
+        saved = len(list(folder.glob("model*.params")))
+        if saved != len(self.parts):
+            raise ToolkitError(f"checkpoint {folder} holds {saved} model(s), this session set up {len(self.parts)}; "
+                               "resume with the models it was saved with")
+        for index, part in enumerate(self.parts):
+            params, states = part_files(index)
+            with self._using(part):
+                self.model.load_parameters(str(folder / params), ctx=self.ctx)
+                self.load_trainer_states(str(folder / states))
 
     def load_trainer_states(self, path: str) -> None:
         """The Trainer's states from `path` (momentum, the optimizer's update counts, its lr_scheduler),
@@ -299,10 +335,11 @@ class MxnetSession(DeferredShapes, Session):
             updater.optimizer = mine
 
     def replica_parameters(self) -> list[list]:
-        """This rank's parameters and statistics; none while Gluon still defers their shapes."""
+        """This rank's parameters and statistics, every model's in setup order; none while Gluon still
+        defers their shapes."""
         if not self.shapes_known:
             return []
-        return [[p.data(self.ctx).asnumpy() for p in self.params.values()]]
+        return [[p.data(self.ctx).asnumpy() for part in (self.parts or [self.part]) for p in part.params.values()]]
 
 
 def _with_dicts(batchify):

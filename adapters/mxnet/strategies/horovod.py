@@ -57,7 +57,10 @@ class MxnetHorovod(MxnetStrategy, HorovodStrategy):
             session.optimizer = gluon.Trainer(params, session.optimizer, kvstore=None, update_on_kvstore=False)
         else:
             compression, _ = self.reduction()      # Horovod's trainer has no op: sum is the step divisor below
-            session.optimizer = hvd.DistributedTrainer(params, session.optimizer, compression=compression)
+            # several models: each trainer names its allreduces apart (Horovod's `prefix`), as they may be in flight together
+            prefix = f"model{session.part_index}." if session.part_index else None
+            session.optimizer = hvd.DistributedTrainer(params, session.optimizer, compression=compression,
+                                                       prefix=prefix)
         # Trainer.update(n) scales gradients by 1/n and Horovod averages over ranks; for `sum`
         # (Horovod's meaning: the sum of each rank's mean gradient) scale the average back up.
         self.step_divisor = 1.0 / hvd.size() if c.op is Op.SUM else 1.0
@@ -97,11 +100,20 @@ class MxnetHorovod(MxnetStrategy, HorovodStrategy):
         """nan_guard: the step's loss averaged over the ranks, queued after the gradients' allreduces
         (often the same Horovod cycle); two names: the guard reads a step's value one step late, so
         two may be in flight."""
-        name = f"toolkit.step_loss.{session.global_step % 2}"
+        name = f"toolkit.step_loss.{session.part_index}.{session.global_step % 2}"   # several models: one each
         return self.hvd.allreduce(loss.reshape((1,)), average=True, name=name) if session.size > 1 else loss
 
     def reduce(self, session) -> None:
         session.optimizer.allreduce_grads()
+
+    def discard(self, session) -> None:
+        """Several models: gradients a backward pass gave this model for another's step, dropped (zeroed
+        where micro-batches add up, and no longer fresh, so `step()` does not count it as reached)."""
+        for p in session.trainable():
+            if session.accumulate:
+                p.zero_grad()
+            for d in p.list_data():      # Gluon keeps the flag on the parameter's array
+                d._fresh_grad = False
 
     def reduced(self, session):
         return contextlib.nullcontext()
