@@ -152,8 +152,8 @@ class Session(TensorWork):
         then rank 0's parameters, buffers and optimizer state on every rank. `optimizer=None`
         makes the config's (sgd/adam, lr, momentum, weight_decay); `loss=None` is cross-entropy on
         logits. Returns (model, optimizer): use these from now on. Call it once per model where the
-        framework takes several (torch and MXNet: a GAN's generator and discriminator, each with its
-        own optimizer; `step(optimizer)` then says which one steps)."""
+        framework takes several (torch, MXNet, Keras 3 on Horovod: a GAN's generator and discriminator,
+        each with its own optimizer; `step(optimizer)` then says which one steps)."""
         if self.parts:
             self._refuse_another_model()
         part = Part()
@@ -180,9 +180,9 @@ class Session(TensorWork):
 
     def _refuse_another_model(self) -> None:
         if not self.several_models:
-            raise ToolkitError(f"session.setup() was called twice: several models in one session are supported on "
-                               f"torch and mxnet; on {self.name} one session trains one model (combine them in one "
-                               "model)")
+            raise ToolkitError(f"session.setup() was called twice: several models in one session train on torch, "
+                               f"MXNet and Keras 3 on Horovod; {self.path} trains one model a session (combine them "
+                               "in one model)")
         self.strategy.check_another_model()
 
     @property

@@ -5,7 +5,7 @@ first (`on_part`: a session attribute that is that part's).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolkit.errors import ToolkitError
@@ -21,12 +21,18 @@ class Part:
     loss_fn: Any = None
     loss_given: bool = False        # setup() was given the loss (else cross-entropy, or the model's own loss)
     communication: Any = None       # toolkit.exchange.communication.Communication, made by setup()
-    params: Any = None              # MXNet: the model's Gluon ParameterDict (the others read the model itself)
+    own: dict = field(default_factory=dict)     # what the framework's session keeps per model (part_own)
 
 
 def on_part(name: str):
     """A session attribute that is the active part's (the session's `part`)."""
     return property(lambda self: getattr(self.part, name), lambda self, value: setattr(self.part, name, value))
+
+
+def part_own(name: str):
+    """A session attribute the framework's session keeps per model, in the active part's `own` (MXNet: the
+    model's ParameterDict; TensorFlow: its graph functions and the gradients a backward pass left it)."""
+    return property(lambda self: self.part.own.get(name), lambda self, value: self.part.own.__setitem__(name, value))
 
 
 def part_of(parts: list[Part], active: Part, optimizer) -> Part:

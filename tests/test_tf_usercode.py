@@ -8,7 +8,9 @@
   value at the optimizer's step; `session.set_lr` refuses to overwrite it in one line;
 - a user's own loop over a tf.data dataset whose elements are dicts or 3-tuples: every sample once
   per epoch across the ranks, replicas equal; under tf-keras, 2 ranks step as one rank with their
-  whole batch.
+  whole batch;
+- a GAN in Keras 3 on Horovod: two models set up with their own optimizers, each stepped by name, one
+  checkpoint with both, a run stopped mid-epoch and resumed ending where the uninterrupted one did.
 
 The tests launch this file itself as each rank's script (`toolkit launch -np 2 --gloo`):
 
@@ -138,6 +140,53 @@ def loop(a, session) -> dict:
             "set_lr": refused, "lr_after_set_lr": lr_now(optimizer)}
 
 
+def gan(a, session) -> dict:
+    """Points on a ring against a generator from 4-d noise (tests/user_torch.py's GAN in Keras 3), d_opt unused
+    (`step()` finds the discriminator; `d_opt` is what a user would name). The
+    noise of a step is drawn from the step number, so a resumed run draws what the uninterrupted one drew."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    samples, noise_size = 256, 4
+    generator = keras.Sequential([keras.Input((noise_size,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2)])
+    discriminator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16), keras.layers.LeakyReLU(0.2),
+                                      keras.layers.Dense(1)])
+    generator, g_opt = session.setup(generator, keras.optimizers.Adam(0.003))
+    discriminator, d_opt = session.setup(discriminator, keras.optimizers.SGD(0.05, momentum=0.9))
+    angle = np.random.RandomState(3).uniform(0, 2 * np.pi, samples)
+    ring = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
+    loader = session.loader((ring, np.arange(samples)))
+    meta = session.load(a.checkpoint_dir) if a.resume else {}
+    bce = keras.losses.BinaryCrossentropy(from_logits=True)
+    seen, losses = [], []
+    for epoch in range(meta.get("epoch", 0), a.epochs):
+        loader.set_epoch(epoch)
+        for real, index in loader:
+            n = int(real.shape[0])
+            z = tf.constant(np.random.RandomState(1000 * session.global_step).randn(n, noise_size).astype(np.float32))
+            ones, zeros = tf.ones((n, 1)), tf.zeros((n, 1))
+            with tf.GradientTape() as tape:
+                fake = generator(z, training=True)
+                d_loss = (bce(ones, discriminator(real, training=True))
+                          + bce(zeros, discriminator(tf.stop_gradient(fake), training=True)))
+            session.backward(d_loss, tape)
+            session.step()      # every model the loss reached: the discriminator only (the fake is held apart)
+            with tf.GradientTape() as tape:
+                g_loss = bce(ones, discriminator(generator(z, training=True), training=True))  # D gradients too
+            session.backward(g_loss, tape)
+            session.step(g_opt)
+            seen += index.numpy().tolist()
+            losses.append([float(d_loss), float(g_loss)])
+            if a.stop_at and session.global_step == a.stop_at:
+                session.save(a.checkpoint_dir, epoch=epoch)
+                return {"stopped": True}
+        session.save(a.checkpoint_dir, epoch=epoch + 1)
+    return {"seen": [i for part in session.allgather_object(seen, name="seen") for i in part], "losses": losses,
+            "digests": session.check_replicas(), "global_step": session.global_step,
+            "weights": [float(np.sum(w)) for m in (generator, discriminator) for w in m.get_weights()]}
+
+
 def batches(a) -> list:
     """A 2-replica loader in one process (as MirroredStrategy's) over 8 samples, batch 2: each batch's
     structure and fields."""
@@ -156,13 +205,16 @@ def batches(a) -> list:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("fit", "loop", "batches"))
+    p.add_argument("mode", choices=("fit", "loop", "batches", "gan"))
     p.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
     p.add_argument("--schedule", choices=("cosine", "custom"), default="cosine")
     p.add_argument("--elements", choices=("tuple", "triple", "dict"), default="tuple")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=BATCH)
     p.add_argument("--l2", action="store_true", help="an L2 kernel regularizer in the loop's model")
+    p.add_argument("--checkpoint-dir", help="gan: where it saves at every epoch's end (and at --stop-at)")
+    p.add_argument("--stop-at", type=int, default=0, help="gan: save at this optimizer step and exit")
+    p.add_argument("--resume", action="store_true", help="gan: from --checkpoint-dir")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -172,7 +224,7 @@ def main() -> int:
     import toolkit
     session = toolkit.start(framework="tensorflow", keras=a.keras, batch_size=a.batch_size, optimizer="sgd", lr=LR,
                             momentum=0.9, quiet=True)
-    out = (fit if a.mode == "fit" else loop)(a, session)
+    out = {"fit": fit, "loop": loop, "gan": gan}[a.mode](a, session)
     if session.is_main:
         Path(a.out).write_text(json.dumps(out))
     return 0
@@ -280,3 +332,24 @@ def test_a_tf_keras_users_loop_on_two_ranks_equals_one_rank_with_their_whole_bat
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):
+    """Keras 3 on Horovod: generator (Adam) and discriminator (SGD with momentum) set up one after the
+    other; the discriminator's loss steps with `step()` (every model it reached: the discriminator only),
+    the generator's with `step(g_opt)` (its backward also gives the discriminator gradients: dropped at
+    the next backward): replicas of both identical, every sample once an epoch, one
+    checkpoint holding both, and a run stopped mid-epoch and resumed ends bit for bit where the
+    uninterrupted one did."""
+    straight = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "a"), name="straight")
+    assert straight["global_step"] == 2 * 2 * 256 // (2 * BATCH), straight["global_step"]   # two steps a batch
+    assert len(set(straight["digests"])) == 1, straight["digests"]
+    counts = Counter(straight["seen"])
+    assert len(counts) == 256 and set(counts.values()) == {2}, f"{256 - len(counts)} unseen, {set(counts.values())}"
+    launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "b"), "--stop-at", "10", name="cut")
+    kept = next((tmp_path / "b").glob("ckpt-*"))
+    assert sorted(p.name for p in kept.glob("*.npz") if p.name.startswith(("weights", "optimizer"))) == [
+        "optimizer.npz", "optimizer1.npz", "weights.npz", "weights1.npz"]
+    resumed = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "b"), "--resume", name="resumed")
+    assert resumed["digests"] == straight["digests"], "the resumed GAN ended elsewhere"
+    assert resumed["weights"] == straight["weights"]

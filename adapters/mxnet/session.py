@@ -22,7 +22,7 @@ from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
 from toolkit.adapters.mxnet.precision import Precision
 from toolkit.adapters.mxnet.precision import float32 as _float32
-from toolkit.adapters.parts import on_part
+from toolkit.adapters.parts import part_own
 from toolkit.config import PS_SYNCS, Optimizer
 from toolkit.data.batch import map_structure
 from toolkit.errors import ToolkitError
@@ -55,7 +55,7 @@ def part_files(index: int) -> tuple[str, str]:
 class MxnetSession(DeferredShapes, Session):
     name = "mxnet"
     strategy: MxnetStrategy
-    params = on_part("params")      # the model's Gluon ParameterDict (per model: several models, a GAN's two)
+    params = part_own("params")      # the model's Gluon ParameterDict (per model: several models, a GAN's two)
     several_models = True
     accumulate = False      # gradients add up in .grad (set by the strategy's wrap)
     _samples = 0
@@ -112,7 +112,7 @@ class MxnetSession(DeferredShapes, Session):
     def has_gradients(self, part) -> bool:
         """Whether the last backward pass wrote gradients of `part`'s model no step used (Gluon's own
         `_fresh_grad` flag, which its Trainer clears when it updates)."""
-        return any(d._fresh_grad for p in part.params.values() if p.grad_req != "null" for d in p.list_data())
+        return any(d._fresh_grad for p in part.own["params"].values() if p.grad_req != "null" for d in p.list_data())
 
     def trainable(self) -> list:
         """The parameters the optimizer trains (grad_req not null)."""
@@ -339,7 +339,7 @@ class MxnetSession(DeferredShapes, Session):
         defers their shapes."""
         if not self.shapes_known:
             return []
-        return [[p.data(self.ctx).asnumpy() for part in (self.parts or [self.part]) for p in part.params.values()]]
+        return [[p.data(self.ctx).asnumpy() for part in (self.parts or [self.part]) for p in part.own["params"].values()]]
 
 
 def _with_dicts(batchify):

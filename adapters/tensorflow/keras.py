@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
+from toolkit.adapters.parts import part_own
 from toolkit.adapters.tensorflow import data
 from toolkit.config import Optimizer
 from toolkit.errors import ToolkitError
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
 WEIGHTS_FILE = "weights.npz"
 OPTIMIZER_FILE = "optimizer.npz"
 LOSS_SCALE_FILE = "loss_scale.npz"     # fp16's loss scale (adapters/tensorflow/precision.py)
+
+
+def part_files(index: int) -> tuple[str, str]:
+    """A checkpoint's files of the index-th model set up: weights.npz and optimizer.npz for the first,
+    weights1.npz and optimizer1.npz for the second, ..."""
+    if index == 0:
+        return WEIGHTS_FILE, OPTIMIZER_FILE
+    return f"weights{index}.npz", f"optimizer{index}.npz"
 
 
 def set_threads(threads: int) -> None:
@@ -68,9 +77,14 @@ class KerasSession(Session):
     keras = keras
     strategy: TensorflowStrategy
     precision: Precision
-    _pending: Any               # the step's summed micro-batch gradients (backward)
-    _pending_loss: Any          # and their mean loss
-    _apply_local_fn: Any        # the compiled apply of given gradients (the subclass's compile_steps)
+    # per model (several models: each its own), kept in the active part: the step's summed micro-batch
+    # gradients (backward) and the subclass's compiled graph functions (compile_steps)
+    _pending = part_own("pending")
+    _step_fn = part_own("step_fn")
+    _apply_fn = part_own("apply_fn")
+    _local_gradients_fn = part_own("local_gradients_fn")
+    _apply_local_fn = part_own("apply_local_fn")
+    _pending_loss: Any          # the last backward passes' mean loss (every model they reached steps on it)
 
     def _seed(self, seed: int) -> None:
         self.keras.utils.set_random_seed(seed)
@@ -171,14 +185,28 @@ class KerasSession(Session):
         if tape is None:
             raise ToolkitError("TensorFlow computes gradients from a tape: compute the loss under "
                                "`with tf.GradientTape() as tape:` and call session.backward(loss, tape)")
+        self._new_backward()
         k = self.config.accumulation_steps
-        grads = self._gradients(tape, loss, self.model.trainable_variables)     # (loss / k here would be off the tape)
-        if k > 1:
-            grads = [g / k for g in grads]
-        self._pending = grads if self.micro == 0 else [a + b for a, b in zip(self._pending, grads)]
+        parts = self.parts if len(self.parts) > 1 else [self.part]
+        variables = [part.model.trainable_variables for part in parts]
+        # one tape.gradient call for every model (a tape answers once); (loss / k here would be off the tape)
+        flat = self._gradients(tape, loss, [v for vs in variables for v in vs])
+        at = 0
+        for part, vs in zip(parts, variables):
+            grads, at = flat[at:at + len(vs)], at + len(vs)
+            if len(parts) > 1 and all(g is None for g in grads):
+                continue            # a model the loss did not reach keeps what it had (as in plain TensorFlow)
+            if k > 1:
+                grads = [g / k for g in grads]
+            pending = part.own.get("pending")
+            part.own["pending"] = (grads if pending is None or self.micro == 0 else
+                                     [a + b for a, b in zip(pending, grads)])
         loss = tf.cast(loss, tf.float32) / k
         self._pending_loss = loss if self.micro == 0 else self._pending_loss + loss     # the step's mean loss
         self.micro += 1
+
+    def has_gradients(self, part) -> bool:
+        return part.own.get("pending") is not None
 
     def _with_weight_decay(self, grads):
         """Coupled L2 (torch's and MXNet's meaning of weight_decay): gradient + wd * weight."""
@@ -251,20 +279,29 @@ class KerasSession(Session):
 
     # -- checkpoints, elastic ------------------------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:
-        save_arrays(folder / WEIGHTS_FILE, self.model.get_weights())
-        save_arrays(folder / OPTIMIZER_FILE, [v.numpy() for v in self.optimizer.variables])
+        for index, part in enumerate(self.parts or [self.part]):
+            weights, optimizer = part_files(index)
+            save_arrays(folder / weights, part.model.get_weights())
+            save_arrays(folder / optimizer, [v.numpy() for v in part.optimizer.variables])
         state = self.precision.state_dict()
         if state:       # fp16's loss scale
             save_arrays(folder / LOSS_SCALE_FILE, [state["scale"], state["good"]])
 
     def _load_objects(self, folder: Path) -> None:
-        self.model.set_weights(load_arrays(folder / WEIGHTS_FILE))
-        state = load_arrays(folder / OPTIMIZER_FILE)
-        if len(state) != len(self.optimizer.variables):
-            raise ValueError(f"{OPTIMIZER_FILE} holds {len(state)} arrays, the optimizer has "
-                             f"{len(self.optimizer.variables)} (another optimizer or model?)")
-        for v, value in zip(self.optimizer.variables, state):
-            v.assign(value)
+        parts = self.parts or [self.part]
+        saved = len(list(folder.glob("weights*.npz")))
+        if saved != len(parts):
+            raise ToolkitError(f"checkpoint {folder} holds {saved} model(s), this session set up {len(parts)}; "
+                               "resume with the models it was saved with")
+        for index, part in enumerate(parts):
+            weights, optimizer = part_files(index)
+            part.model.set_weights(load_arrays(folder / weights))
+            state = load_arrays(folder / optimizer)
+            if len(state) != len(part.optimizer.variables):
+                raise ValueError(f"{optimizer} holds {len(state)} arrays, the optimizer has "
+                                 f"{len(part.optimizer.variables)} (another optimizer or model?)")
+            for v, value in zip(part.optimizer.variables, state):
+                v.assign(value)
         if (folder / LOSS_SCALE_FILE).is_file():
             scale, good = load_arrays(folder / LOSS_SCALE_FILE)
             self.precision.load_state_dict({"scale": scale, "good": good})
@@ -277,4 +314,5 @@ class KerasSession(Session):
             v.assign(a)
 
     def replica_parameters(self) -> list[list]:
-        return [self.model.get_weights()]
+        """Every model's weights, in setup order."""
+        return [[w for part in (self.parts or [self.part]) for w in part.model.get_weights()]]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 class NativeSession(KerasSession):
     name = "tensorflow"
+    several_models = False      # steps inside TensorFlow's strategy (train_step, fit): one model's
     strategy: TensorflowNative
 
     # -- model ------------------------------------------------------------------------------------

@@ -13,10 +13,18 @@ from __future__ import annotations
 import tensorflow as tf
 
 from toolkit.adapters.tensorflow.keras import KerasSession
+from toolkit.errors import ToolkitError
 
 
 class TensorflowSession(KerasSession):
     name = "tensorflow"
+    several_models = True       # Keras 3 on Horovod: a GAN's two models, each with its graph functions
+
+    def _refuse_another_model(self) -> None:
+        super()._refuse_another_model()
+        if self.precision.scales:
+            raise ToolkitError("session.setup() of a second model with precision fp16: TensorFlow's loss scale "
+                               "is one model's; train several models in fp32 or bf16")
 
     def compile_steps(self, reduce: bool) -> None:
         """The step's graph functions, in the facade's order (adapters/base.py `_reduce_and_apply`):

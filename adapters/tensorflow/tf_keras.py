@@ -31,6 +31,7 @@ def build_model(config, num_features: int, num_classes: int) -> tf_keras.Model:
 class TfKerasSession(TensorflowSession):
     name = "tensorflow"
     keras = tf_keras
+    several_models = False      # Horovod's tf-keras optimizer steps inside backward: one model's
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         return build_model(self.config, num_features, num_classes)

@@ -21,6 +21,10 @@ class TensorflowStrategy(Strategy):
         """One optimizer step run by the strategy itself (TensorFlow's strategy.run)."""
         raise self.refuse("a step of its own")
 
+    def discard(self, session) -> None:
+        """Several models: the gradients a backward pass left this model for another's step, dropped."""
+        session._pending = None
+
     def fit_optimizer(self, session, optimizer):
         """For `model.compile`: `optimizer` reducing its gradients as the config says."""
         raise self.refuse("model.fit optimizer")
