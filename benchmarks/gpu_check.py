@@ -9,7 +9,7 @@ What it does, each stage inside one deadline (`--minutes`, 9):
 1. the machine: Python, torch, CUDA, the GPU; the toolkit installed from this checkout (`pip install
    --no-deps --no-build-isolation -e .`) and the carried wheels the machine lacks (`--no-index`);
 2. Horovod: used if `horovod.torch` imports with NCCL, else built for this torch with NCCL from the
-   carried sdist (`toolkit build-horovod --gpu --no-mpi --frameworks torch --sdist ...`); without one,
+   carried sdist (`toolkit build-horovod --gpus --no-mpi --frameworks torch --sdist ...`); without one,
    the Horovod rows say why and the native rows still run. The dry run prints the build's plan
    (`--explain`) instead of building (a CPU build takes 10-15 min);
 3. the step, one process per (backend, model): the same model, batch, optimizer (SGD, momentum 0.9)
@@ -110,7 +110,7 @@ def horovod_status() -> str | None:
 def horovod(carry: Path | None, dry_run: bool, seconds: float) -> str | None:
     """Horovod ready for the step (None), or why not."""
     why = horovod_status()
-    command = [sys.executable, "-m", "toolkit", "build-horovod", "--gpu", "--no-mpi", "--frameworks", "torch"]
+    command = [sys.executable, "-m", "toolkit", "build-horovod", "--gpus", "--no-mpi", "--frameworks", "torch"]
     from toolkit.install import pins
     sdist = carry / SDIST.format(version=pins.HOROVOD) if carry else None
     if dry_run:

@@ -135,6 +135,19 @@ def test_launch_and_bench_take_np_with_one_or_two_dashes(capsys):
     assert parser().parse_args(["bench", "-np", "1,4"]).np == parser().parse_args(["bench", "--np", "1,4"]).np == "1,4"
 
 
+def test_gpus_is_the_spelling_of_every_command_and_gpu_still_works():
+    """`--gpus`: setup and build-horovod for GPUs (the old `--gpu` kept), launch one GPU per rank, plan the GPU
+    counts to plan for; the setup that the GPU image runs passes it on to build-horovod."""
+    from toolkit.cli import parser
+    from toolkit.install.envsetup import horovod_build_args
+    for command in ("setup", "build-horovod"):
+        assert parser().parse_args([command, "--gpus"]).gpu is parser().parse_args([command, "--gpu"]).gpu is True
+        assert parser().parse_args([command]).gpu is False
+    assert parser().parse_args(["launch", "-np", "2", "--gpus", "--", "x"]).gpus is True
+    assert parser().parse_args(["plan", "--gpus", "8,64"]).gpus == "8,64"
+    assert horovod_build_args(True, []) == ["--gpus"] and horovod_build_args(True, ["--gpu"]) == ["--gpu"]
+
+
 @pytest.mark.parametrize("argv, unknown, suggestion", [
     (["launch", "-np", "2", "--glo", "--", "python"], "--glo", "--gloo"),
     (["train", "--epoch", "2"], "--epoch 2", "--epochs"),

@@ -112,6 +112,30 @@ def test_cli_dry_run_prints_the_command():
            "--lr 0.1" in proc.stdout
 
 
+def test_horovodruns_verbose_and_output_filename_reach_the_launchers_that_have_them(tmp_path):
+    """--output-filename DIR: every rank's output in its own files (horovodrun: DIR/rank.N/stdout), still on
+    the terminal; mpirun gets Open MPI's own flags, torchrun --log-dir; the others refuse in one line."""
+    out = tmp_path / "out"
+    proc = toolkit("launch", "-np", "2", "--gloo", "--output-filename", out, "--", sys.executable, "-c",
+                   "import os; print('rank', os.environ['HOROVOD_RANK'])", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}" in (out / f"rank.{rank}" / "stdout").read_text()
+        assert f"rank {rank}" in proc.stdout
+    for launcher, flags in (("horovodrun", "--gloo --verbose --output-filename d python"),
+                            ("mpirun", "--verbose --output-filename d python")):
+        dry = toolkit("launch", "-np", "2", "--launcher", launcher, *(["--gloo"] if launcher == "horovodrun" else []),
+                      "--verbose", "--output-filename", "d", "--dry-run", "--", "python", "x.py")
+        assert dry.returncode == 0 and flags in dry.stdout, dry.stdout + dry.stderr
+    dry = toolkit("launch", "-np", "2", "--backend", "native", "--framework", "torch", "--output-filename", "d",
+                  "--dry-run", "--", "python", "x.py")
+    assert dry.returncode == 0 and "--log-dir d " in dry.stdout, dry.stdout + dry.stderr
+    one_line_error(toolkit("launch", "-np", "2", "--backend", "native", "--framework", "torch", "--verbose", "--",
+                           "true"), "--verbose: torchrun has no such option", "LOGLEVEL=INFO")
+    one_line_error(toolkit("launch", "-np", "2", "--launcher", "ray", "--output-filename", "d", "--", "true"),
+                   "--output-filename: Ray has no such option", "horovodrun's and mpirun's")
+
+
 def test_cli_np_more_than_slots_is_one_line_error():
     one_line_error(toolkit("launch", "-np", "4", "-H", "localhost:2", "--", "true"), "-np 4", "slots")
 

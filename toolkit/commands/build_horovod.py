@@ -10,7 +10,8 @@ def register(sub) -> None:
                                    "~/.cache/toolkit/horovod/<key> (TOOLKIT_CACHE_DIR to move it).")
     p.add_argument("--frameworks", default=None,
                    help="comma-separated subset of torch,tensorflow,mxnet (default: every one installed here)")
-    p.add_argument("--gpu", action="store_true", help="GPU operations through NCCL (HOROVOD_GPU_OPERATIONS=NCCL)")
+    p.add_argument("--gpus", "--gpu", dest="gpu", action="store_true",
+                   help="for GPUs: GPU operations through NCCL (HOROVOD_GPU_OPERATIONS=NCCL)")
     p.add_argument("--no-mpi", action="store_true", help="build without the MPI controller")
     p.add_argument("--no-gloo", action="store_true", help="build without the Gloo controller")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",

@@ -72,11 +72,15 @@ def register(sub) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
     p.add_argument("-x", dest="export", action="append", default=[], metavar="NAME[=VALUE]",
                    help="mpirun's: a variable for every rank; NAME alone passes its value here")
+    p.add_argument("--verbose", action="store_true", help="horovodrun's and mpirun's: the launcher says more")
+    p.add_argument("--output-filename", default=None, metavar="DIR",
+                   help="horovodrun's: each rank's stdout and stderr in files under DIR (also on the terminal); "
+                        "mpirun's own; torchrun's --log-dir")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
     p.add_argument("--emit", default=None, choices=("slurm", "mpijob"),
                    help="print the same launch as an sbatch script or a Kubeflow MPIJob manifest, run nothing")
     p.add_argument("--image", default=None, help="--emit mpijob: the container image of every pod")
-    p.add_argument("--gpus", action="store_true", help="--emit: ask for one GPU per slot")
+    p.add_argument("--gpus", action="store_true", help="one GPU per rank: --emit asks for them")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(func=run)
 
@@ -125,7 +129,8 @@ def run(args) -> int:
                       network_interface=args.network_interface, env=tuple(env),
                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                       address=args.address, master=args.master, cpus_per_worker=args.cpus_per_worker,
-                      gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod")
+                      gpus_per_worker=args.gpus_per_worker, backend=args.backend or "horovod",
+                      extra=tuple(LAUNCHERS[launcher].output_flags(args.verbose, args.output_filename)))
     if args.emit and LAUNCHERS[launcher].engine:
         raise ToolkitError(f"--emit {args.emit} writes a job for Slurm or Kubernetes; --launcher {launcher} runs on a "
                            f"{LAUNCHERS[launcher].title} cluster instead: drop one of them")

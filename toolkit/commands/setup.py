@@ -6,9 +6,9 @@ def register(sub) -> None:
     p = sub.add_parser("setup", help="create .venv with the pinned frameworks and a built Horovod")
     p.add_argument("--venv", default=None, help="virtualenv folder (default: .venv at the repo root; .venv-X.Y for a Python other than "
                         "the pinned one)")
-    p.add_argument("--gpu", action="store_true",
-                   help="the GPU variant (docker/Dockerfile): tensorflow instead of tensorflow-cpu, torch from "
-                        "the CUDA index pip is given, Horovod with NCCL (build-horovod --gpu)")
+    p.add_argument("--gpus", "--gpu", dest="gpu", action="store_true",
+                   help="for GPUs (docker/Dockerfile's variant): tensorflow instead of tensorflow-cpu, torch from "
+                        "the CUDA index pip is given, Horovod with NCCL (build-horovod --gpus)")
     p.add_argument("--wheelhouse", default=None, metavar="DIR",
                    help="Horovod from DIR (`toolkit build-horovod --export DIR` on a machine that builds): "
                         "no compilers needed here; a build for other versions is refused")

@@ -43,7 +43,7 @@ class BuildSpec:
                 raise ToolkitError(f"--env {item!r}: expected KEY=VALUE, e.g. --env HOROVOD_DEBUG=1")
         if self.cuda_arch is not None:
             if not self.gpu:
-                raise ToolkitError("--cuda-arch applies to GPU builds; add --gpu or drop it")
+                raise ToolkitError("--cuda-arch applies to GPU builds; add --gpus or drop it")
             if not all(a.isdigit() and len(a) >= 2 for a in self.cuda_arch.split(",")):
                 raise ToolkitError(f"--cuda-arch {self.cuda_arch!r}: expected compute capabilities without the dot, "
                                    "e.g. --cuda-arch 80,90 (A100, H100)")

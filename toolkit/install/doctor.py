@@ -99,7 +99,7 @@ def _check_toolchain() -> None:
     if found.nccl:
         other = f"; not {found.other_nccl.describe()} (one NCCL per process: torch loads the wheel's)" \
             if found.other_nccl else ""
-        _line("info", "nccl", f"a GPU build (`build-horovod --gpu`) links {found.nccl.describe()}{other}")
+        _line("info", "nccl", f"a GPU build (`build-horovod --gpus`) links {found.nccl.describe()}{other}")
     else:
         _line("info", "nccl", "none found: a GPU build needs the nvidia-nccl-cu* wheel (torch's CUDA wheels bring "
                               "it) or libnccl-dev")
@@ -257,7 +257,7 @@ def report(framework: str) -> int:
         _line("ok", f"  {ext}", f"imports; built with: {ops}")
         if probe["gpus"] and not built["nccl_built"]:
             _line("warn", "  gpu ops", "GPUs present but Horovod has no NCCL",
-                  "`toolkit build-horovod --gpu` on this machine")
+                  "`toolkit build-horovod --gpus` on this machine")
         usable[fw] = True
 
     nvsmi = shutil.which("nvidia-smi")

@@ -201,7 +201,7 @@ def _requested(build_args: list[str]) -> list[str] | None:
 
 
 def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engines=()) -> None:
-    """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpu` (NCCL). `engines`
+    """`gpu`: the GPU image's variant: pins.GPU_REPLACES, and `build-horovod --gpus` (NCCL). `engines`
     (parse_engines): added to those installed before, never removed; each installed once (the stamp)."""
     start = time.monotonic()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -264,9 +264,14 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     elif missing := [fw for fw in requested if fw not in frameworks]:
         raise ToolkitError(f"setup: --frameworks {','.join(requested)}: {', '.join(missing)} cannot be installed "
                            f"on Python {py} (see above); drop it or use Python {pins.PYTHON}")
-    if gpu and "--gpu" not in build_args:
-        build_args = ["--gpu", *build_args]
-    proc = subprocess.run([python, "-m", "toolkit", "build-horovod", *build_args])
+    proc = subprocess.run([python, "-m", "toolkit", "build-horovod", *horovod_build_args(gpu, build_args)])
     if proc.returncode != 0:
         raise ToolkitError("setup: `toolkit build-horovod` failed (see above)")
     say(f"setup: ready in {time.monotonic() - start:.0f} s; activate with `source {venv}/bin/activate`")
+
+
+def horovod_build_args(gpu: bool, build_args: list[str]) -> list[str]:
+    """build-horovod's arguments from setup's: `--gpus` first for the GPU variant unless given (either spelling)."""
+    if gpu and not {"--gpu", "--gpus"} & set(build_args):
+        return ["--gpus", *build_args]
+    return list(build_args)

@@ -50,7 +50,7 @@ TOOLS = {
     "wheel": "0.48.0",
 }
 
-# `toolkit setup --gpu` (the GPU image, docker/Dockerfile): CUDA builds replace these CPU-only
+# `toolkit setup --gpus` (the GPU image, docker/Dockerfile): CUDA builds replace these CPU-only
 # distributions at the same version. torch keeps its name: its CUDA wheel comes from the index the
 # image names (TORCH_INDEX_URL); MXNet stays the CPU wheel (its CUDA wheels stop at CUDA 11.7).
 GPU_REPLACES = {"tensorflow-cpu": "tensorflow"}

@@ -115,7 +115,7 @@ def differences(data: dict, key: str, versions: dict[str, str], spec) -> list[st
             out.append(f"{theirs[fw]} (this environment has {versions[fw]})")
     if data.get("operations") != spec.operations:
         out.append(f"{'NCCL (GPU)' if data.get('operations') == 'nccl' else 'CPU'} operations "
-                   f"(this asks for {'NCCL: --gpu' if spec.gpu else 'CPU'})")
+                   f"(this asks for {'NCCL: --gpus' if spec.gpu else 'CPU'})")
     if data.get("controllers") != spec.controllers:
         out.append(f"controllers {'+'.join(data.get('controllers', []))} (this asks for {'+'.join(spec.controllers)})")
     if not out and data.get("key") != key:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from toolkit.errors import ToolkitError
+
 Command = tuple[list[str], dict[str, str]]      # one process: argv and its environment
 
 
@@ -20,6 +22,16 @@ class Launcher:
     flags: dict[str, str] = {}          # spec field -> the flag that is this launcher's alone (Ray's --address)
     title = ""              # its name in a sentence: "--address is Ray's"
     backends: tuple[str, ...] = ("horovod",)     # what the ranks it starts run: Horovod, or the framework's own engine ("native")
+
+    def output_flags(self, verbose: bool, output: str | None) -> list[str]:
+        """This launcher's own flags for horovodrun's `--verbose` (more of what the launcher does) and
+        `--output-filename DIR` (each rank's output in its own files under DIR); a launcher without them
+        refuses in one line."""
+        if verbose or output:
+            flag = "--verbose" if verbose else "--output-filename"
+            raise ToolkitError(f"{flag}: {self.title or self.name} has no such option here; it is horovodrun's and "
+                               "mpirun's (--output-filename also torchrun's, as --log-dir)")
+        return []
 
     def check(self, spec) -> None:
         """Refuse, in one line, a spec this launcher cannot run (the spec's common rules have passed)."""

@@ -62,6 +62,10 @@ class Horovodrun(Launcher):
             raise ToolkitError(f"host discovery script {spec.discovery}: not an executable file; it must print "
                                "`host:slots` lines (chmod +x it)")
 
+    def output_flags(self, verbose: bool, output: str | None) -> list[str]:
+        """horovodrun's own: DIR/rank.N/stdout and stderr per rank."""
+        return (["--verbose"] if verbose else []) + (["--output-filename", output] if output else [])
+
     def commands(self, spec, environ: Mapping[str, str] | None = None) -> list[Command]:
         return [command_line(spec, environ)]
 

@@ -41,6 +41,10 @@ class Mpirun(Launcher):
         if spec.controller == "gloo":
             raise ToolkitError("--gloo needs horovodrun; drop --gloo or use --launcher horovodrun")
 
+    def output_flags(self, verbose: bool, output: str | None) -> list[str]:
+        """Open MPI's own: DIR/1/rank.N/stdout and stderr per rank."""
+        return (["--verbose"] if verbose else []) + (["--output-filename", output] if output else [])
+
     def commands(self, spec, environ: Mapping[str, str] | None = None) -> list[Command]:
         return [plan(spec, environ)]
 

@@ -103,6 +103,14 @@ class Torchrun(Launcher):
     elastic = True
     elastic_flags = "--min-np"
 
+    def output_flags(self, verbose: bool, output: str | None) -> list[str]:
+        """--output-filename DIR: torchrun's --log-dir (its output also on the terminal, --tee 3);
+        --verbose: torchrun has none."""
+        if verbose:
+            raise ToolkitError("--verbose: torchrun has no such option; LOGLEVEL=INFO (--env LOGLEVEL=INFO) makes "
+                               "it say more")
+        return ["--log-dir", output] if output else []
+
     def check(self, spec) -> None:
         if spec.controller is not None:
             raise ToolkitError(f"--{spec.controller} is a Horovod controller; torchrun's ranks (--backend native) "
