@@ -48,3 +48,38 @@ def test_no_progress_lines_under_ci(monkeypatch):
     assert buildlog.default_every() is None
     monkeypatch.delenv("CI")
     assert buildlog.default_every() in (30.0, 300.0)
+
+
+PIP_OUTPUT = """Collecting torch==2.14.1
+  Downloading torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl (915.3 MB)
+Collecting numpy==1.26.4
+  Using cached numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.whl (18.3 MB)
+Collecting filelock
+  Downloading https://files.example/packages/filelock-3.20.0-py3-none-any.whl (16 kB)
+Installing collected packages: numpy, filelock, torch
+"""
+
+
+def test_setup_says_each_package_pip_fetches_with_its_size_and_nothing_under_ci(monkeypatch):
+    """setup's pip installs: one line per wheel downloaded or taken from pip's cache, with its size, as pip
+    says it (a stand-in printing pip 25's lines: the suite reaches no index); none under CI; a failure keeps
+    pip's last lines."""
+    import sys
+
+    import pytest
+
+    from toolkit.errors import ToolkitError
+    from toolkit.install.envsetup import _run
+    fake = [sys.executable, "-c", f"import sys; sys.stdout.write({PIP_OUTPUT!r}); sys.exit(int(sys.argv[1]))"]
+    monkeypatch.delenv("CI", raising=False)
+    said: list[str] = []
+    _run(fake + ["0"], "pip install", said.append)
+    assert said == ["setup:   torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl (915.3 MB)",
+                    "setup:   numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.whl (18.3 MB)",
+                    "setup:   filelock-3.20.0-py3-none-any.whl (16 kB)"]
+    with pytest.raises(ToolkitError, match="pip install failed \\(exit 3\\):\nCollecting torch"):
+        _run(fake + ["3"], "pip install", said.append)
+    monkeypatch.setenv("CI", "true")
+    quiet: list[str] = []
+    _run(fake + ["0"], "pip install", quiet.append)
+    assert quiet == []

@@ -7,6 +7,7 @@ Runs under the bare system Python (stdlib only) before the virtualenv exists.
 """
 from __future__ import annotations
 
+import collections
 import ctypes.util
 import hashlib
 import os
@@ -131,15 +132,15 @@ def _write_stamp(stamp: Path, gpu: bool, frameworks: list[str], engines: list[st
     stamp.write_text(f"{pins_digest(gpu)}\n{','.join(frameworks)}\n{','.join(pins.engine_requirements(engines))}\n")
 
 
-def install_engines(python: Path, engines: list[str], gpu: bool, frameworks: list[str]) -> None:
+def install_engines(python: Path, engines: list[str], gpu: bool, frameworks: list[str], say=None) -> None:
     """pip install of `engines`' pins, with every other pin as a constraint: their dependencies never move a
     framework or a tool that setup pinned."""
     pinned = pins.requirements(gpu, frameworks) + pins.no_deps_requirements(frameworks)
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write("".join(re.sub(r"\[.*?\]", "", r) + "\n" for r in pinned))   # constraints take no extras
         constraints.flush()
-        _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", constraints.name,
-              *pins.engine_requirements(engines)], f"pip install of the {', '.join(engines)} engine pins")
+        _run([python, "-m", "pip", "install", "--disable-pip-version-check", "-c", constraints.name,
+              *pins.engine_requirements(engines)], f"pip install of the {', '.join(engines)} engine pins", say)
 
 
 def install_numpy_shim(site_packages: Path) -> None:
@@ -158,12 +159,24 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _run(cmd, what: str) -> None:
-    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+PIP_FETCH = re.compile(r"^\s*(?:Downloading|Using cached) (\S+)(?: \(([^)]+)\))?\s*$")
+
+
+def _run(cmd, what: str, say=None) -> None:
+    """`cmd` (a pip install), its output kept for the error. With `say`: one line per package pip downloads
+    or takes from its cache, with its size (pip's own output without -q), said as it comes; not under CI."""
+    show = say is not None and not os.environ.get("CI")
+    tail: collections.deque[str] = collections.deque(maxlen=15)
+    with subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if show and (fetched := PIP_FETCH.match(line)):
+                name, size = fetched.group(1).rsplit("/", 1)[-1], fetched.group(2)
+                say(f"setup:   {name}" + (f" ({size})" if size else ""))   # type: ignore[misc]  # show: say given
     if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-15:])
-        raise ToolkitError(f"setup: {what} failed (exit {proc.returncode}):\n{tail}")
+        raise ToolkitError(f"setup: {what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
 def framework_wheels(python: Path, frameworks, gpu: bool = False, version: str | None = None) -> dict[str, str | None]:
@@ -240,7 +253,8 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
         pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run(pip + ["--upgrade", f"setuptools=={pins.TOOLS['setuptools']}",
                     f"wheel=={pins.TOOLS['wheel']}"], "installing setuptools")
-        _run(pip + pins.requirements(gpu, frameworks), "pip install of the pinned packages")
+        _run([p for p in pip if p != "-q"] + pins.requirements(gpu, frameworks), "pip install of the pinned packages",
+             say)
         if pins.no_deps_requirements(frameworks):
             _run(pip + ["--no-deps"] + pins.no_deps_requirements(frameworks), "pip install of tf-keras")
         _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], "installing the toolkit")
@@ -253,7 +267,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
         say(f"setup: pinned packages already installed ({', '.join(frameworks)})")
     if todo := [e for e in engines if e not in installed]:
         say(f"setup: installing the engines {', '.join(todo)} ({' '.join(pins.engine_requirements(todo))})")
-        install_engines(python, todo, gpu, frameworks)
+        install_engines(python, todo, gpu, frameworks, say)
         installed = [e for e in pins.ENGINES if e in installed or e in todo]
         _write_stamp(stamp, gpu, frameworks, installed)
     elif engines:
