@@ -96,8 +96,9 @@ def stubbed_setup(tmp_path, monkeypatch):
     monkeypatch.setattr(envsetup, "ensure_java", lambda say, engines: done["java"].append(list(engines)))
     monkeypatch.setattr(envsetup, "_python_version", lambda python: PY)
     monkeypatch.setattr(envsetup, "install_engines",
-                        lambda python, engines, gpu, frameworks: done["engines"].append(list(engines)))
-    monkeypatch.setattr(envsetup, "_run", lambda cmd, what: done.__setitem__("frameworks", done["frameworks"] + 1))
+                        lambda python, engines, gpu, frameworks, say=None: done["engines"].append(list(engines)))
+    monkeypatch.setattr(envsetup, "_run",
+                        lambda cmd, what, say=None: done.__setitem__("frameworks", done["frameworks"] + 1))
     monkeypatch.setattr(envsetup.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
 
     def run(*engines):

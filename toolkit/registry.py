@@ -148,5 +148,17 @@ def reader(name: str, kind: str):
     """Framework `name`'s data module `kind` (one of READERS), imported only when asked."""
     if kind not in READERS:
         raise ValueError(f"registry.reader({name!r}, {kind!r}): kind is one of {', '.join(READERS)}")
+    return framework_module(name, kind)
+
+
+# The framework's own modules beside the readers, adapters/<framework>/<name>.py in every framework: `export`
+# writes a checkpoint's model in the framework's own format (`toolkit export`).
+MODULES = (*READERS, "export")
+
+
+def framework_module(name: str, kind: str):
+    """Framework `name`'s module `kind` (one of MODULES), imported only when asked."""
+    if kind not in MODULES:
+        raise ValueError(f"registry.framework_module({name!r}, {kind!r}): kind is one of {', '.join(MODULES)}")
     spec(name)
     return importlib.import_module(f"toolkit.adapters.{name}.{kind}")

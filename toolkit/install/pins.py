@@ -34,6 +34,7 @@ TOOLS = {
     "webdataset": "1.0.2",      # torch's shard format and reader (dataset shards:PATH, toolkit shards)
     "tensorboardX": "2.6.5",    # TensorBoard event files without TensorFlow (log_dir)
     "tqdm": "4.70.1",           # rank 0's progress bar on a terminal
+    "safetensors": "0.8.0",     # `toolkit export`'s torch format (Hugging Face's, loaded without pickle)
     "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
