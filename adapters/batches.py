@@ -43,3 +43,13 @@ def describe(batch) -> str:
     if isinstance(batch, (tuple, list)):
         return f"{len(batch)}-tuples"
     return type(batch).__name__
+
+
+def token_length(batch) -> int | None:
+    """The length of one sample's inputs where they are token ids, a [batch, T] tensor of integers (any
+    framework's: torch's, TensorFlow's, MXNet's or numpy's dtype names), else None."""
+    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    shape, dtype = getattr(inputs, "shape", None), getattr(inputs, "dtype", None)
+    if shape is None or len(shape) != 2:
+        return None
+    return int(shape[1]) if "int" in str(getattr(dtype, "name", dtype)) else None

@@ -55,6 +55,17 @@ class TensorWork(abc.ABC):
         """Several such values as Python floats (where the framework can: one host read for all of them)."""
         return [self.to_float(v) for v in values]
 
+    def device_name(self) -> str | None:
+        """The accelerator's name as its driver gives it (a GPU's, for its peak FLOP/s), None on the CPU."""
+        return None
+
+    def throughput_basis(self, batch) -> tuple[float | None, int | None]:
+        """(model FLOPs of training on one sample, tokens in one sample) from one micro-batch, measured
+        without changing anything the training computes; None where the framework gives no count
+        (torch counts FLOPs; toolkit/run/throughput.py does the rest)."""
+        from toolkit.adapters.batches import token_length
+        return None, token_length(batch)
+
     def has_gradients(self, part) -> bool:
         """Whether a backward pass gave `part`'s model gradients that no step used yet (several models)."""
         return True

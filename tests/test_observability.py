@@ -162,3 +162,50 @@ def test_toolkit_shards_shows_a_bar_of_samples_on_a_terminal_only(tmp_path):
     piped = run([*argv[:5], tmp_path / "piped", *argv[6:]], timeout=120)
     assert piped.returncode == 0 and "\r" not in piped.stderr and "sample/s" not in piped.stderr, piped.stderr
     assert piped.stdout.startswith("toolkit shards: ") and len(piped.stdout.splitlines()) == 1, piped.stdout
+
+
+def test_flops_per_sample_and_mfu_of_a_known_model(tmp_path):
+    """torch's FLOP counter over the built-in MLP (64 -> 32 -> 32 -> 10 on digits) gives exactly the matmuls'
+    count, three forward passes a training sample; with `peak_tflops` the summary and every metrics line get
+    mfu = FLOPs a sample x samples/s / devices / peak; nothing the training computes changes (tests/
+    test_distributed's digests, benchmarks/digest_matrix.py)."""
+    from tests.conftest import train_job
+    out = train_job("gloo", [*digits("torch"), "--hidden-size", "32", "--hidden-layers", "2", "--epochs", "1",
+                             "--peak-tflops", "0.002", "--log-dir", tmp_path, "--quiet"])
+    forward = 2 * (64 * 32 + 32 * 32 + 32 * 10)
+    assert out["flops_per_sample"] == 3 * forward, out
+    assert out["mfu"] == pytest.approx(3 * forward * out["samples_per_sec"] / 2 / 2e9, rel=1e-12), out
+    assert "tokens_per_sec" not in out
+    (epoch,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert epoch["flops_per_sample"] == 3 * forward and epoch["mfu"] > 0, epoch
+
+
+def test_a_gpus_peak_is_known_by_name():
+    from toolkit.run import throughput
+    assert throughput.peak(None, "NVIDIA H100 80GB HBM3") == throughput.peak(None, "NVIDIA H200") == 989.0
+    assert throughput.peak(None, "NVIDIA A100-SXM4-80GB") == 312.0 and throughput.peak(None, "NVIDIA L4") == 121.0
+    assert throughput.peak(None, None) is None and throughput.peak(50.0, "NVIDIA H100") == 50.0
+    assert throughput.figures(100.0, 4, None, None, 989.0) == {}
+
+
+def test_counting_flops_changes_nothing_the_training_computes():
+    """The count runs one forward pass in inference mode: BatchNorm's statistics, the training flag and the
+    random generator are as they were (Dropout draws nothing), and the count is the matmuls' (BatchNorm's own
+    arithmetic is not a FLOP torch counts)."""
+    import contextlib
+    import types
+
+    import torch
+
+    from toolkit.adapters.torch.session import TorchSession
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 4))
+    session = types.SimpleNamespace(model=model, strategy=types.SimpleNamespace(unwrap=lambda m: m),
+                                    autocast=contextlib.nullcontext)
+    batch = (torch.randn(5, 8), torch.zeros(5, dtype=torch.long))
+    state, generator = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+    flops, tokens = TorchSession.throughput_basis(session, batch)
+    assert flops == 3 * 2 * (8 * 16 + 16 * 4) and tokens is None
+    assert model.training and torch.equal(generator, torch.get_rng_state())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert TorchSession.throughput_basis(session, (torch.randint(0, 9, (5, 8)).float(),))[1] is None

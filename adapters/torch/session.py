@@ -28,7 +28,7 @@ from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import Optimizer
-from toolkit.data.batch import map_structure
+from toolkit.data.batch import leading_size, map_structure
 from toolkit.errors import ToolkitError
 
 if TYPE_CHECKING:
@@ -146,6 +146,30 @@ class TorchSession(Session):
 
     def to_device(self, value):
         return value.to(self.torch_device, non_blocking=True) if torch.is_tensor(value) else value
+
+    def device_name(self) -> str | None:
+        return torch.cuda.get_device_name(self.torch_device) if self.torch_device.type == "cuda" else None
+
+    def throughput_basis(self, batch) -> tuple[float | None, int | None]:
+        """torch's FlopCounterMode over one forward pass of the setup model (the module under DDP, FSDP or
+        compile: eager, inference mode, no gradient: BatchNorm's statistics, dropout and the random
+        generators untouched) on `batch`; training costs three forward passes (the backward pass two).
+        Tokens: the inputs' length where they are token ids (a [batch, T] integer tensor). Every rank
+        runs it (FSDP's forward gathers its shards)."""
+        from torch.utils.flop_counter import FlopCounterMode
+        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+        model = self.strategy.unwrap(self.model)
+        training = model.training
+        model.eval()
+        counter = FlopCounterMode(display=False)
+        try:
+            with torch.no_grad(), counter, self.autocast():
+                model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+        finally:
+            model.train(training)
+        size = leading_size(batch)
+        flops = 3 * counter.get_total_flops() / size if size else None
+        return flops or None, batches_module.token_length(batch)
 
     def _inference(self):
         return torch.no_grad()

@@ -70,6 +70,10 @@ class LaunchConfig:
     wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
                                             "(needs `pip install wandb`, the extra horovod-toolkit[wandb]; `make setup` installs the pinned "
                                             "client for the tests, which run it offline; unset = {unset})", unset="off")
+    peak_tflops: Optional[float] = _f(None, "one device's peak, TFLOP/s, for `mfu` (the model FLOPs a device "
+                                            "achieves over its peak); unset = {unset}",
+                                      unset="the dense 16-bit peak of a GPU the toolkit knows by name (H100, "
+                                            "H200, A100, L40S, L4, A10, V100), else no mfu")
     uneven_data: Optional[str] = _f(None, "give ranks different amounts of data, for tests and benchmarks: "
                                           "`RANK:FRACTION[,...]` trains that rank on FRACTION of its batches "
                                           "each epoch; it then joins (hvd.join) while the others finish")
@@ -286,7 +290,7 @@ ORDER = (
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
     "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints",
-    "resume", "preemption_check_every", "log_dir", "wandb_project", "fusion_threshold_mb", "cycle_time_ms",
+    "resume", "preemption_check_every", "log_dir", "wandb_project", "peak_tflops", "fusion_threshold_mb", "cycle_time_ms",
     "timeline_file", "stall_check_seconds", "elastic_min_np", "elastic_max_np", "elastic_discovery",
     "elastic_commit_every", "uneven_data", "straggler", "allow_cpu", "loader_workers", "quiet", "framework_logs",
 )

@@ -122,6 +122,7 @@ class Config(metaclass=_Complete):
     preemption_check_every: int = _key("preemption_check_every")
     log_dir: Optional[str] = _key("log_dir")
     wandb_project: Optional[str] = _key("wandb_project")
+    peak_tflops: Optional[float] = _key("peak_tflops")
     fusion_threshold_mb: Optional[float] = _key("fusion_threshold_mb")
     cycle_time_ms: Optional[float] = _key("cycle_time_ms")
     timeline_file: Optional[str] = _key("timeline_file")

@@ -17,7 +17,7 @@ from toolkit.data import datasets
 from toolkit.errors import ToolkitError
 from toolkit.messages import say
 from toolkit.run import metrics as metrics_log
-from toolkit.run import pipeline, preemption
+from toolkit.run import pipeline, preemption, throughput
 
 BAR_LOSS_EVERY = 10     # steps between the progress bar's readings of the loss
 
@@ -48,6 +48,8 @@ def run(config: Config) -> dict:
     initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, data)
     meta = pipeline.resume(session, config)
     delays, fractions = config.straggler_delays(), config.data_fractions()
+    measured: dict[str, Any] = {}       # FLOPs and tokens of one sample, from the first step's batch
+    peak = throughput.peak(config.peak_tflops, session.device_name())
     # What a failure rolls back to and a new worker receives (elastic), or just the loop's counters.
     epoch = int(meta.get("epoch", 0))      # a checkpoint of the loader mid-epoch resumes there (user loops)
     position = train_loader.sampler.position if train_loader.sampler.epoch == epoch else 0
@@ -90,6 +92,8 @@ def run(config: Config) -> dict:
             done_before = state.position // train_loader.sampler.step_samples
             bar = _progress_bar(config, rank, epoch, spe, done_before)
             for batches in train_loader.steps():
+                if not measured:        # once a job, on every rank: the FLOPs and tokens of one sample
+                    measured.update(zip(("flops", "tokens"), session.throughput_basis(batches[0])))
                 if done_before + done >= my_steps:      # out of data: the others go on (it joins)
                     state.step, state.position = state.step + 1, train_loader.sampler.position
                     state.loader = train_loader.state_dict()
@@ -133,13 +137,15 @@ def run(config: Config) -> dict:
             state.loss = loss = session.mean(mean, name="toolkit.epoch_loss")
             test_loss, state.accuracy = session.evaluate(eval_loader)
             speed = state.samples / state.seconds if state.seconds else 0.0
+            rates = throughput.figures(speed, world, measured.get("flops"), measured.get("tokens"), peak)
             lr = state.lr if state.lr is not None else session.lr(state.step, spe)
             on = f"  on {world}" if config.elastic else ""
             accuracy = f"{state.accuracy:.4f}" if state.accuracy is not None else "-"
+            mfu = f"  mfu {rates['mfu']:.1%}" if "mfu" in rates else ""
             say(rank, f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  test_loss {test_loss:.4f}  "
-                       f"accuracy {accuracy}  lr {lr:.4g}  {speed:,.0f} samples/s{on}", config.quiet)
+                       f"accuracy {accuracy}  lr {lr:.4g}  {speed:,.0f} samples/s{mfu}{on}", config.quiet)
             session.log(state.step, {"epoch": epoch + 1, "loss": loss, "test_loss": test_loss,
-                                     "accuracy": state.accuracy, "lr": lr, "samples_per_sec": speed,
+                                     "accuracy": state.accuracy, "lr": lr, "samples_per_sec": speed, **rates,
                                      "train_seconds": state.seconds, **session.communication.summary()})
             state.epoch, state.position, state.loader = epoch + 1, 0, None
             if config.checkpoint_dir:
@@ -161,14 +167,16 @@ def run(config: Config) -> dict:
         _, accuracy = session.evaluate(eval_loader)    # resumed at the end: nothing left to train, still measure
     digests = session.check_replicas()
     trained = [int(n) for n in session.allgather_object(state.trained, name="toolkit.steps_trained")]
+    speed = state.samples / state.seconds if state.seconds else 0.0
     start_step = int(meta.get("step", 0))
     lr = state.lr if state.lr is not None else session.lr(state.step, train_loader.steps_per_epoch)
     summary = pipeline.summary(
         config, session, world_size=session.world_size, processes=session.size,
         path=session.communication.describe(session.path), steps=state.step, final_loss=state.loss,
         accuracy=accuracy, start_step=start_step, steps_trained=trained, digests=digests,
-        initial_digests=initial_digests, lr=lr, samples_per_sec=state.samples / state.seconds if state.seconds else 0.0,
-        details={**session.communication.summary(), "precision": config.precision.value,
+        initial_digests=initial_digests, lr=lr, samples_per_sec=speed,
+        details={**throughput.figures(speed, session.world_size, measured.get("flops"), measured.get("tokens"), peak),
+                 **session.communication.summary(), "precision": config.precision.value,
                  "skipped_steps": session.skipped_steps})
     if config.elastic:
         summary["elastic"] = {"world_sizes": state.world_sizes, "resets": state.resets}
