@@ -294,7 +294,7 @@ def _build(spec: BuildSpec, versions: dict, key: str, folder: Path, sdist: str |
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "build.log"
     say(f"horovod: building {pins.HOROVOD} for {', '.join(spec.frameworks)} "
-        f"({'NCCL' if spec.gpu else 'CPU'} ops); log: {log_path} (about 10-20 min on 2 cores)")
+        f"({'NCCL' if spec.gpu else 'CPU'} ops); log: {log_path} (8-20 min on 2 cores; its progress follows)")
     with tempfile.TemporaryDirectory(prefix="toolkit-hvd-") as tmp:
         work = Path(tmp)
         toolchain = toolchain_mod.detect()
