@@ -116,3 +116,11 @@ def script_ranks(script, case, out, *args, ranks=2, timeout=300) -> list[dict]:
     proc = run(argv, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads(open(f"{out}.{rank}.json").read()) for rank in range(ranks)]
+
+
+def assert_every_sample_once(records, n):
+    """Every rank's `seen` indices together: each of the n samples the same number of times (once an epoch)."""
+    from collections import Counter
+    counts = Counter(i for r in records for i in r["seen"])
+    epochs = set(counts.values())
+    assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, horovod_status, run, train_job
-from tests.helpers import script_ranks
+from tests.helpers import assert_every_sample_once, script_ranks
 
 pytestmark = pytest.mark.distributed
 SCRIPT = str(ROOT / "tests" / "user_gluon.py")
@@ -130,12 +130,6 @@ def test_three_field_and_dict_samples(tmp_path):
     assert r["by_records"] == r["by_batchify"] == r["by_pair"], (r["by_records"], r["by_batchify"], r["by_pair"])
     assert r["by_pair"][1] > 0.75
     assert r["digests"] == records[1]["digests"] and len(set(r["digests"])) == 1
-
-
-def assert_every_sample_once(records, n):
-    counts = Counter(i for r in records for i in r["seen"])
-    epochs = set(counts.values())
-    assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"
 
 
 def test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):

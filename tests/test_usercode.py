@@ -6,12 +6,11 @@ script's step on batches that are not (x, y): a `transformers` model on dict bat
 import json
 import math
 import sys
-from collections import Counter
 
 import pytest
 
 from tests.conftest import ROOT, assert_replicas, run, train_job
-from tests.helpers import script_ranks
+from tests.helpers import assert_every_sample_once, script_ranks
 from tests.user_hf import VOCAB
 
 pytestmark = pytest.mark.distributed
@@ -21,12 +20,6 @@ SCRIPT = str(ROOT / "tests" / "user_torch.py")
 def user_torch(case, out, *args, **kw) -> list[dict]:
     """tests/user_torch.py CASE on 2 ranks (or `ranks`); every rank's record."""
     return script_ranks(SCRIPT, case, out, *args, **kw)
-
-
-def assert_every_sample_once(records, n):
-    counts = Counter(i for r in records for i in r["seen"])
-    epochs = set(counts.values())
-    assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"
 
 
 def test_a_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):

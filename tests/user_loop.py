@@ -123,7 +123,6 @@ def main() -> int:
 def two_optimizers(session, model, a) -> int:
     """One loss over a backbone and a head with their own optimizers (Horovod's two DistributedOptimizers,
     or DDP twice), as a plain loop steps them: backward once, then each optimizer."""
-    import hashlib
 
     import torch
     import torch.nn.functional as F
@@ -149,20 +148,12 @@ def two_optimizers(session, model, a) -> int:
                 session.step(opt_head), session.step(opt_backbone)      # any order, each once
             else:
                 session.step()
-    weights = [p.detach().cpu().numpy().copy() for p in model.parameters()]    # the modules setup() shares
-    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
-    digests = session.allgather_object(digest, name="two_optimizers")
-    if session.is_main:
-        np.savez(a.out + ".npz", *weights)
-        Path(a.out).write_text(json.dumps({"final_digests": digests, "steps": session.global_step}))
-    session.close()
-    return 0
+    return two_optimizers_done(session, a, [p.detach().cpu().numpy().copy() for p in model.parameters()])
 
 
 def two_trainers(session, model, a) -> int:
     """two_optimizers in Gluon: a backbone and a head with their own optimizers (Horovod's two
     DistributedTrainers), one loss, backward once, then each optimizer."""
-    import hashlib
 
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -191,7 +182,12 @@ def two_trainers(session, model, a) -> int:
                 session.step(opt_head), session.step(opt_backbone)      # any order, each once
             else:
                 session.step()
-    weights = [p.data().asnumpy().copy() for p in model.collect_params().values()]
+    return two_optimizers_done(session, a, [p.data().asnumpy().copy() for p in model.collect_params().values()])
+
+
+def two_optimizers_done(session, a, weights) -> int:
+    """The final weights (of the modules setup() shares) and every rank's digest of them, written by rank 0."""
+    import hashlib
     digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
     digests = session.allgather_object(digest, name="two_optimizers")
     if session.is_main:
