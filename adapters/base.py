@@ -34,6 +34,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from toolkit import messages
 from toolkit.adapters import batches as batches_module
 from toolkit.adapters.checkpointer import Checkpointer
 from toolkit.adapters.framework import TensorWork
@@ -165,6 +166,8 @@ class Session(TensorWork):
             part.loss_given = loss is not None
             if len(self.parts) == 1:
                 self.local_digests = [digest(p) for p in self.replica_parameters()]
+            if self.config.compression.value == "auto":
+                self._choose_compression()
             self.strategy.wrap(self)
             self.communication = self.strategy.communication(self)
         if len(self.parts) == 1:
@@ -177,6 +180,17 @@ class Session(TensorWork):
         return part.model, part.optimizer
 
     several_models = False      # whether setup() takes a second model (the framework's session says)
+    compression_choice = None   # compression: auto, what it chose (toolkit/planner/auto.py `Choice`)
+
+    def _choose_compression(self) -> None:
+        """compression: auto: probe the links, time each candidate's exchange, continue with the config chosen (a
+        collective: toolkit/planner/auto.py)."""
+        from toolkit.planner import auto
+        choice = auto.choose(self, sum(int(a.size) for a in self.weights()))
+        self.config = choice.config
+        self.strategy.reconfigure(choice.config)
+        self.compression_choice = choice
+        messages.say(self.rank, choice.line(), self.config.quiet)
 
     def _refuse_another_model(self) -> None:
         if not self.several_models:

@@ -172,6 +172,7 @@ class HorovodStrategy(Strategy):
         """Tuning, `import horovod.<fw>`, hvd.init() on `comm` or every rank, the op checked."""
         self.hvd = start_horovod(self.config, self.module, self.framework, default_fusion_mb, comm=comm)
         self.groups = _dynamic(self.config) and comm is None
+        self.process_sets: dict = {}    # new_group's, by ranks: made once (Horovod refuses a duplicate set)
         return self.hvd
 
     def new_group(self, ranks: list[int]):
@@ -180,7 +181,9 @@ class HorovodStrategy(Strategy):
             raise self.refuse("groups of ranks (Horovod started without dynamic process sets)")
         if sorted(ranks) == list(range(self.hvd.size())):
             return None             # every rank: Horovod's global process set (it refuses a second one)
-        return self.hvd.add_process_set(list(ranks))
+        if tuple(ranks) not in self.process_sets:     # the auto probe's groups are the exchange's
+            self.process_sets[tuple(ranks)] = self.hvd.add_process_set(list(ranks))
+        return self.process_sets[tuple(ranks)]
 
     @staticmethod
     def process_set(group) -> dict:

@@ -45,6 +45,12 @@ class Strategy(abc.ABC):
         # collectives; else the backend reduces them itself (Horovod's distributed optimizer, ...).
         self.exchange: bool = config.toolkit_exchange
 
+    def reconfigure(self, config: Config) -> None:
+        """compression: auto, resolved at the first setup (toolkit/planner/auto.py): what the strategy decides from
+        the config, decided again from the config it chose (before anything is wrapped)."""
+        self.config = config
+        self.exchange = config.toolkit_exchange
+
     # -- start --------------------------------------------------------------------------------------
     @abc.abstractmethod
     def start(self, comm=None):

@@ -66,6 +66,7 @@ METHODS = [
     ("none compiled", ["--compile"]),          # torch.compile (the warm-up steps compile)
     ("none native (DDP)", ["--backend", "native"]),
     ("int8 hierarchical native", ["--backend", "native", "--compression", "int8", "--hierarchical-exchange"]),
+    ("auto", ["--compression", "auto"]),       # the probe's pick (its table row names it)
 ]
 BEFORE = ("none", "bf16", "int8", "top-k 1%")
 COMPUTE = "forward + backward + update (no exchange)"
@@ -98,7 +99,8 @@ def toolkit_row(checkout: Path, np_: int, flags: list[str], a, netns: Path | Non
         row = json.loads((out / "bench.json").read_text())["rows"][0]
         result = {"step_ms": 1000 * 64 / row["per_worker"], "compression_ms": row.get("compression_ms_per_step"),
                   "bytes": row["bytes_sent_per_step"], "wire": row.get("wire_bytes_per_step"),
-                  "cross": row.get("cross_host_bytes_per_step")}
+                  "cross": row.get("cross_host_bytes_per_step"),
+                  "chosen": (row.get("compression_auto") or {}).get("chosen")}
         if netns:       # what hostA's interface sent during the job (all of it: setup, broadcast, steps)
             result["tk0"] = tk0_bytes(netns) - sent
         return result
@@ -265,6 +267,9 @@ def table(rows, results, compute_label: str | None, np_: int = 2) -> str:
         byte_text = f"{median([o['bytes'] for o in ok]):,.0f}" if ok[0]["bytes"] is not None else "n/a"
         wire_text = f"{median([o['wire'] for o in ok]):,.0f}" if ok[0].get("wire") is not None else "n/a"
         rounds = ", ".join(f"{o['step_ms']:.0f}" for o in ok)
+        chosen = sorted({o["chosen"] for o in ok if o.get("chosen")})
+        if chosen:      # compression: auto: what each round's probe picked
+            label = f"{label} (chose {' / '.join(chosen)})"
         lines.append([label, f"{step:.1f}", rounds, f"{step / none:.2f}", comp_text, share, byte_text, wire_text])
     return common.table([f"method ({np_} ranks, Gloo)", "step ms (median)", "rounds", "x none", "compression ms/step",
                          "compression / forward+backward", "bytes/step/rank", "wire bytes/step/rank"], lines)

@@ -792,6 +792,28 @@ MUTANTS = [
              "        self._compile_next = False"),),
            ("tests/test_compile.py::test_compile_on_ddp_keeps_replicas_identical_resumes_exactly_and_its_checkpoint_"
             "loads_without_compile",)),
+    Mutant("auto-picks-slowest", "compression auto picks the method whose exchange timed fastest",
+           (("toolkit/planner/auto.py", "    best = min(measured, key=measured.__getitem__)",
+             "    best = max(measured, key=measured.__getitem__)"),),
+           ("tests/test_auto.py::test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes",
+            "tests/test_auto.py::test_an_exact_method_within_five_percent_of_the_fastest_is_picked")),
+    Mutant("auto-times-nothing", "compression auto times each candidate's exchange on a gradient of the model's size",
+           (("toolkit/planner/auto.py", "    return {label: agreed[label] * values / n for label, _ in options if label in agreed}",
+             "    return {label: agreed[label] for label, _ in options if label in agreed}"),),
+           ("tests/test_auto.py::test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes",)),
+    Mutant("auto-exact-by-chance", "compression auto keeps the exact method where the others time within its jitter",
+           (("toolkit/planner/auto.py", " or measured[label] - measured[best] <= RESOLUTION_S)", ")"),),
+           ("tests/test_auto.py::test_an_exact_method_within_five_percent_of_the_fastest_is_picked",)),
+    Mutant("auto-not-applied", "the method compression auto picks is the one that runs",
+           (("adapters/base.py", "        self.strategy.reconfigure(choice.config)\n", "\n"),),
+           (f"{MH}::test_compression_auto_picks_a_compressed_hierarchical_form_when_the_link_between_hosts_is_slow",)),
+    Mutant("auto-link-per-rank", "compression auto measures the link between hosts that the K ranks of a host share",
+           (("toolkit/planner/auto.py", "k * links[\"across\"].bandwidth)", "links[\"across\"].bandwidth)"),),
+           (f"{MH}::test_compression_auto_picks_a_compressed_hierarchical_form_when_the_link_between_hosts_is_slow",)),
+    Mutant("plan-hierarchy-own-link", "the planner's hierarchical exchange shares the node's link among its G ranks",
+           (("toolkit/planner/scaling.py", "bandwidth=cluster.across(kind).bandwidth / g)",
+             "bandwidth=cluster.across(kind).bandwidth)"),),
+           (f"{TS}::test_the_hierarchical_exchange_is_priced_on_both_links",)),
 ]
 
 

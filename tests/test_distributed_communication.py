@@ -4,11 +4,21 @@ The numbers behind docs/COMMUNICATION.md come from benchmarks/communication_benc
 check behaviour: identical replicas, bytes really reduced, exact resume, local SGD's equivalences.
 """
 import math
+import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import TRAIN, assert_replicas, digits, one_line_error, run, timeline_exchange, train_job
+from tests.conftest import (
+    TRAIN,
+    assert_replicas,
+    digits,
+    one_line_error,
+    run,
+    summary,
+    timeline_exchange,
+    train_job,
+)
 from tests.helpers import assert_resumed, baseline, interrupted_copy, max_diff, params
 
 pytestmark = pytest.mark.distributed
@@ -212,3 +222,23 @@ def test_bytes_and_ratio_reach_metrics_and_tensorboard(tmp_path):
     assert 3.5 < scalars["compression_ratio"][-1][1] < 4       # int8: 1 byte a value + a scale per 256
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and '"compression_ratio"' in lines[-1]
+
+
+def test_compression_auto_probes_the_links_and_keeps_an_exact_method_on_one_host(fw):
+    """compression: auto on 2 ranks of one host (toolkit/planner/auto.py), in every framework: at the first setup
+    the link is probed and each candidate's exchange timed (the figures in the summary's `compression_auto`); on
+    one host the candidates are Horovod's own allreduce, none or fp16 (fp16 only where it timed more than 5% and
+    half a millisecond faster, its casts included), never the toolkit's compression. The summary's compression
+    and path are the method that ran; rank 0's log line says the choice."""
+    argv = [sys.executable, "-m", "toolkit", "launch", "-np", "2", "--gloo", "--timeout", "200", "--", *TRAIN,
+            *digits(fw), "--epochs", "1", "--compression", "auto"]
+    proc = run([str(a) for a in argv], timeout=240)
+    out = summary(proc)
+    chosen = out["compression_auto"]
+    assert chosen["chosen"] in ("none", "fp16"), chosen
+    assert out["compression"] == chosen["chosen"] and not out["path"].startswith("toolkit "), out["path"]
+    assert chosen["hosts"] == 1 and chosen["ranks_per_host"] == 2 and chosen["inside_bytes_per_s"] > 0
+    assert set(chosen["measured_ms"]) == {"none", "fp16"}
+    assert 0 < chosen["seconds"] < 30
+    assert f"compression auto: {chosen['chosen']} ({chosen['seconds']:.1f} s to measure: inside a host " in proc.stderr
+    assert_replicas(out)

@@ -173,7 +173,8 @@ def test_step_time_stragglers_and_methods():
 def test_the_hierarchical_exchange_is_priced_on_both_links():
     """int8 in two levels on 4 nodes of 8: inside a node a float32 alltoall of the gradient and an allgather of
     its 8th on the intra-node link; across, the 8th's compressed exchange among the 4 nodes on the inter-node
-    link, its compression work on an 8th of the payload; on one node, or one GPU a node, it is the flat form."""
+    link, which the node's 8 ranks share (each at an 8th of its bandwidth), its compression work on an 8th of the
+    payload; on one node, or one GPU a node, it is the flat form."""
     work = scaling.Workload(compute_s=0.1, tensor_values=(1_000_000,) * 4)
     nodes = scaling.Cluster(8, wire.Link(5e-6, 25e9 / 8, overhead=1e-3), wire.Link(2e-6, 300e9))
     flat = scaling.Method("int8", "exchange", collectives=(("allgather", 4.1e6),), compress_s=0.008,
@@ -183,8 +184,9 @@ def test_the_hierarchical_exchange_is_priced_on_both_links():
     dense, shard = 16e6, 4.1e6 / 8
     assert [(k, b, n) for k, b, n, _ in hier.calls(work, nodes, 32)] == [
         ("alltoall", dense, 8), ("allgather", dense / 8, 8), ("alltoall", shard, 4), ("allgather", shard / 4, 4)]
+    shared = replace(nodes.inter, bandwidth=nodes.inter.bandwidth / 8)
     expected = (wire.pairwise_alltoall(dense, 8, nodes.intra) + wire.ring_allgather(dense / 8, 8, nodes.intra)
-                + wire.pairwise_alltoall(shard, 4, nodes.inter) + wire.ring_allgather(shard / 4, 4, nodes.inter))
+                + wire.pairwise_alltoall(shard, 4, shared) + wire.ring_allgather(shard / 4, 4, shared))
     assert cost.comm_s == pytest.approx(expected)
     assert cost.step_s == pytest.approx(0.1 + expected + 0.008 / 8 * (1 + 1 / 4) + 2 * 0.004 / 8)
     assert cost.bytes_per_step == pytest.approx(dense + dense / 8 + shard + shard / 4)

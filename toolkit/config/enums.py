@@ -60,6 +60,7 @@ class Compression(str, enum.Enum):
     INT8 = "int8"
     TOPK = "topk"
     POWERSGD = "powersgd"
+    AUTO = "auto"           # chosen at the first setup() from a probe of the links (toolkit/planner/auto.py)
 
 
 # Which compressions Horovod runs and which the toolkit's exchange runs: said once, in the registry.

@@ -8,6 +8,9 @@ from typing import Optional
 
 from toolkit import registry
 
+from . import exchange_rules
+from .checks import ELASTIC
+from .checks import bad as _bad
 from .enums import (
     IMAGE_MODELS,
     ON_DISK,
@@ -20,17 +23,13 @@ from .enums import (
     LrSchedule,
     Model,
     Op,
-    Optimizer,
     Precision,
     Sharding,
     Sync,
     TfStrategy,
 )
-from .groups import ELASTIC_KEYS, _example, flag
+from .groups import _example
 from .values import ConfigError
-
-# The elastic keys, each of which turns elastic training on.
-ELASTIC = tuple(f"elastic_{k}" for k in ELASTIC_KEYS)
 
 
 def on_disk(value: str) -> tuple[str, str] | None:
@@ -58,10 +57,6 @@ def rank_values(key: str, spec: Optional[str], valid, error: str) -> dict[int, f
         if int(rank) < 0 or not valid(values[int(rank)]):
             raise ConfigError(error, key)
     return values
-
-
-def _bad(name: str, value, why: str, example: str) -> None:
-    raise ConfigError(f"{name}={value!r} {why}; e.g. {flag(name)} {example} or `{name}: {example}` in YAML", name)
 
 
 def validate(c) -> None:
@@ -152,77 +147,10 @@ def _check_elastic(c) -> None:
                           "compression", "sync", *ELASTIC)
 
 
-def _check_hierarchical(c) -> None:
-    if not c.hierarchical_exchange:
-        return
-    if c.compression not in (Compression.NONE, Compression.BF16, Compression.INT8) or c.dgc:
-        raise ConfigError(f"hierarchical_exchange: true runs compression none, bf16 or int8 (got compression="
-                          f"{c.compression.value!r}{', dgc' if c.dgc else ''}); use one of those or drop hierarchical_exchange",
-                          "hierarchical_exchange", "compression")
-    if c.sync is not Sync.EVERY_STEP:
-        raise ConfigError(f"hierarchical_exchange: true exchanges every step's gradients (got sync={c.sync.value!r}); "
-                          "use sync every_step or drop hierarchical_exchange", "hierarchical_exchange", "sync")
-    if c.elastic:
-        raise ConfigError("hierarchical_exchange: true keeps its groups of ranks for the whole job; an elastic job's ranks "
-                          "change: drop hierarchical_exchange or the elastic keys", "hierarchical_exchange", *ELASTIC)
-    if c.op is Op.ADASUM:
-        raise ConfigError("hierarchical_exchange: true averages or sums; op adasum is Horovod's own reduce: use op average "
-                          "or sum, or drop hierarchical_exchange", "hierarchical_exchange", "op")
-
-
-def _check_overlap(c) -> None:
-    if not c.bucket_mb > 0:
-        _bad("bucket_mb", c.bucket_mb, "must be a positive number of megabytes", example="25")
-    if not c.overlap:
-        return
-    if c.framework != "torch":
-        raise ConfigError(f"overlap: true is torch's (its gradient hooks start each bucket's exchange); on "
-                          f"{c.framework} the exchange runs after the backward pass: drop overlap", "overlap", "framework")
-    if not c.overlap_capable:
-        raise ConfigError(f"overlap: true runs the toolkit's exchange of compression bf16 or int8 (or the hierarchical "
-                          f"exchange) every step (got compression={c.compression.value!r}{', dgc' if c.dgc else ''}, "
-                          f"sync={c.sync.value!r}); use those or drop overlap", "overlap", "compression", "sync")
-
-
-def _check_dgc_powersgd(c) -> None:
-    if c.powersgd_rank is not None:
-        if c.compression is not Compression.POWERSGD:
-            raise ConfigError(f"powersgd_rank applies to compression: powersgd (got compression="
-                              f"{c.compression.value!r}); add --compression powersgd or drop powersgd_rank",
-                              "powersgd_rank", "compression")
-        if c.powersgd_rank < 1:
-            _bad("powersgd_rank", c.powersgd_rank, "must be a positive integer", example="2")
-    if not c.dgc_masking and not c.dgc:
-        raise ConfigError("dgc_masking applies with dgc: true; add --dgc or drop dgc_masking", "dgc_masking", "dgc")
-    if c.powersgd_warmup_steps and c.compression is not Compression.POWERSGD:
-        raise ConfigError("powersgd_warmup_steps applies to compression: powersgd; add --compression powersgd "
-                          "or drop powersgd_warmup_steps", "powersgd_warmup_steps", "compression")
-    if c.powersgd_warmup_steps < 0:
-        _bad("powersgd_warmup_steps", c.powersgd_warmup_steps, "must be >= 0", example="1000")
-    if c.dgc_warmup_epochs is not None and not c.dgc:
-        raise ConfigError("dgc_warmup_epochs applies with dgc: true; add --dgc or drop dgc_warmup_epochs",
-                          "dgc_warmup_epochs", "dgc")
-    if c.dgc_warmup_epochs is not None and c.dgc_warmup_epochs < 0:
-        _bad("dgc_warmup_epochs", c.dgc_warmup_epochs, "must be >= 0", example="4")
-    if not c.dgc:
-        return
-    if c.compression is not Compression.TOPK:
-        raise ConfigError(f"dgc applies to compression: topk (got compression={c.compression.value!r}); "
-                          "add --compression topk or drop dgc", "dgc", "compression")
-    if c.optimizer is not Optimizer.SGD:
-        raise ConfigError(f"dgc corrects SGD's momentum (got optimizer={c.optimizer.value!r}); "
-                          "use optimizer: sgd or drop dgc", "dgc", "optimizer")
-    if c.error_feedback is False:
-        raise ConfigError("dgc accumulates what was not sent (its error feedback); drop error_feedback: false",
-                          "dgc", "error_feedback")
-    if c.sync is not Sync.EVERY_STEP:
-        raise ConfigError(f"dgc runs with sync: every_step (got sync={c.sync.value!r}); drop dgc or the sync",
-                          "dgc", "sync")
-
-
 def _check_communication(c) -> None:
     """The communication keys, alone and together (their defaults that depend on other keys: derived.py)."""
     toolkit_compression = c.compression in TOOLKIT_COMPRESSIONS
+    exchange_rules.check_auto(c)
     if c.topk_ratio is not None:
         if c.compression is not Compression.TOPK:
             raise ConfigError(f"topk_ratio applies to compression: topk (got compression="
@@ -235,9 +163,9 @@ def _check_communication(c) -> None:
         raise ConfigError(f"error_feedback applies to compression bf16, int8, topk or powersgd (got compression="
                           f"{c.compression.value!r}, which loses nothing to feed back); drop it",
                           "error_feedback", "compression")
-    _check_dgc_powersgd(c)
-    _check_hierarchical(c)
-    _check_overlap(c)
+    exchange_rules.check_dgc_powersgd(c)
+    exchange_rules.check_hierarchical(c)
+    exchange_rules.check_overlap(c)
     if c.sync is Sync.LOCAL_SGD:
         if c.local_steps is not None and c.local_steps < 1:
             _bad("local_steps", c.local_steps, "must be a positive integer (steps between averages)",
@@ -324,7 +252,7 @@ def _check_capabilities(c) -> None:
     impl = spec.implementation(backend, c.keras.value)
     for name, allowed in (("op", impl.ops), ("compression", impl.compressions), ("sync", impl.syncs)):
         value = getattr(c, name).value
-        if value not in allowed:
+        if value not in allowed and value != "auto":     # compression auto picks among the allowed ones
             keras = f" keras={c.keras.value!r}" if c.keras is not Keras.KERAS3 else ""
             raise ConfigError(f"{name}={value!r} is not available for framework={c.framework!r} with "
                               f"backend={backend!r}{keras} ({impl.why_not}); use {name}: {' or '.join(allowed)}",
@@ -433,7 +361,7 @@ def _check_sharding(c, impl) -> None:
         raise ConfigError(f"sharding={name!r} with uneven_data: a sharded step needs every rank; drop "
                           "uneven_data or use sharding: none", "sharding", "uneven_data")
     if c.sharding is Sharding.FSDP:
-        if c.compression.value != "none":
+        if c.compression.value not in ("none", "auto"):
             raise ConfigError(f"sharding='fsdp' with compression={c.compression.value!r}: FSDP reduce-scatters in "
                               "the dtype of its mixed-precision policy (precision bf16 reduces in float32); "
                               "use compression: none", "sharding", "compression")

@@ -181,8 +181,9 @@ class Config(metaclass=_Complete):
     @property
     def hierarchical_capable(self) -> bool:
         """Whether the exchange can run in two levels (toolkit/exchange/hierarchy.py): bf16 or int8 (or
-        compression none with hierarchical_exchange: true), every step, not elastic."""
-        methods = (Compression.BF16, Compression.INT8) + ((Compression.NONE,) if self.hierarchical_exchange else ())
+        compression none with hierarchical_exchange: true; auto, which may choose them), every step, not elastic."""
+        methods = ((Compression.BF16, Compression.INT8, Compression.AUTO)
+                   + ((Compression.NONE,) if self.hierarchical_exchange else ()))
         return self.compression in methods and self.sync is Sync.EVERY_STEP and not self.elastic
 
     @property

@@ -87,7 +87,8 @@ def measure(config: Config, options: Options) -> dict | None:
         return None
     return {"rates": [r for ranks in per_rank for r in ranks], "path": session.communication.describe(session.path),
             "device": session.device, "parameters": session.communication.values,
-            "shapes": [list(w.shape) for w in session.weights()], **session.communication.summary()}
+            "shapes": [list(w.shape) for w in session.weights()], **session.communication.summary(),
+            **({"compression_auto": session.compression_choice.summary()} if session.compression_choice else {})}
 
 
 # -- in the parent -------------------------------------------------------------------------------
@@ -188,7 +189,8 @@ def run(config: Config, options: Options, sizes: list[int], out: Path, controlle
                      "parameters": measured["parameters"], "bytes_sent_per_step": measured["bytes_sent_per_step"],
                      "wire_bytes_per_step": measured["wire_bytes_per_step"],
                      "cross_host_bytes_per_step": measured.get("cross_host_bytes_per_step"),
-                     "compression_ms_per_step": measured["compression_ms_per_step"], "shapes": measured["shapes"]})
+                     "compression_ms_per_step": measured["compression_ms_per_step"], "shapes": measured["shapes"],
+                     **({"compression_auto": measured["compression_auto"]} if "compression_auto" in measured else {})})
     rows = with_efficiency(rows)
     samples_per_step = config.batch_size * config.accumulation_steps
     title = (f"{config.framework} {rows[0]['path']}, {model_words(config, options)} "

@@ -206,13 +206,16 @@ class Method:
         """The exchange's collectives at N workers as (kind, bytes a rank hands over, ranks taking part,
         their link). Flat: `collectives_at`, among all N. Hierarchical across M nodes of G: a float32
         alltoall of the gradient and an allgather of its G-th among the node's G (the intra-node link),
-        and the compressed exchange of the G-th among the M ranks of each local rank (the inter-node link)."""
+        and the compressed exchange of the G-th among the M ranks of each local rank (the inter-node link,
+        which the node's G ranks share: their G exchanges run at once through it, each at a G-th of its
+        bandwidth, as Horovod's hierarchical allreduce sends the node's G shards side by side)."""
         if (levels := self.levels(cluster, n)) is None:
             return [(kind, b, n, cluster.ring_link(n, kind)) for kind, b in self.collectives_at(cluster, n)]
         (g, m), dense = levels, 4.0 * workload.values
         across = self.shard(g).collectives_at(replace(cluster, gpus_per_node=1), m)
         return ([("alltoall", dense, g, cluster.intra), ("allgather", dense / g, g, cluster.intra)]
-                + [(kind, b, m, cluster.across(kind)) for kind, b in across])
+                + [(kind, b, m, replace(cluster.across(kind), bandwidth=cluster.across(kind).bandwidth / g))
+                   for kind, b in across])
 
     def levels(self, cluster: "Cluster", n: int) -> tuple[int, int] | None:
         """(G ranks a node, M nodes) where the exchange runs hierarchical at N workers, else None (flat)."""

@@ -101,6 +101,8 @@ def summary(config, session, *, world_size: int, processes: int, path: str, step
         "resumed_from": start_step if config.resume or start_step else None, "steps_run": steps - start_step,
         "steps_trained_per_rank": steps_trained,
         "param_digest": digests[0], "final_digests": digests, "initial_digests": initial_digests, "lr": lr,
-        "samples_per_sec": samples_per_sec, "compression": config.compression.value, "sync": config.sync.value,
+        # compression: the one that ran (auto's choice, which compression_auto explains)
+        "samples_per_sec": samples_per_sec, "compression": session.config.compression.value, "sync": config.sync.value,
+        **({"compression_auto": session.compression_choice.summary()} if session.compression_choice else {}),
         **details, "device": session.device, "rank": session.rank,
     }

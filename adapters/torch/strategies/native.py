@@ -58,6 +58,12 @@ class TorchNative(TorchStrategy, Strategy):
         self.join_context = None
         self.steps = 0
         self._stash = None          # a checkpoint's state read on rank 0, shared by the next broadcast
+        self._groups: dict = {}     # new_group's, by ranks: made once (the auto probe's are the exchange's)
+
+    def reconfigure(self, config) -> None:
+        super().reconfigure(config)
+        self.hook = comm_hooks.chosen(config)
+        self.exchange = config.toolkit_exchange and self.hook is None
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self, comm=None) -> Topology:
@@ -213,8 +219,10 @@ class TorchNative(TorchStrategy, Strategy):
         """torch.distributed.new_group (every rank calls it for every group, member or not), beside a Gloo one
         for tensors on the CPU where the job runs NCCL."""
         ranks = list(ranks)
-        cpu = dist.new_group(ranks, backend="gloo") if self.backend != "gloo" else None
-        return Ranks(ranks, dist.new_group(ranks), cpu)
+        if tuple(ranks) not in self._groups:
+            cpu = dist.new_group(ranks, backend="gloo") if self.backend != "gloo" else None
+            self._groups[tuple(ranks)] = Ranks(ranks, dist.new_group(ranks), cpu)
+        return self._groups[tuple(ranks)]
 
     def _group(self, tensor, group: "Ranks | None" = None):
         """(the process group for `tensor`'s device, its size): `group`'s, or every rank's."""

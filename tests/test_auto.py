@@ -1,0 +1,134 @@
+"""compression: auto (toolkit/planner/auto.py): which candidates a config allows, how each one's exchange is timed,
+the link probe's fit, and the pick. The real jobs (a probe on real links, one host and two namespace hosts with a
+shaped link) are in tests/test_distributed_communication.py and tests/test_multihost.py."""
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import one_line_error, toolkit
+from toolkit.config import Config, ConfigError
+from toolkit.exchange.wire import Link
+from toolkit.planner import auto
+
+MBIT = 1e6 / 8      # bytes/s
+
+
+def _config(**kw) -> Config:
+    return Config.from_dict({"framework": "torch", "compression": "auto", **kw})
+
+
+def _labels(options) -> list:
+    return [label for label, _ in options]
+
+
+def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
+    """One host: the backend's own methods (none, fp16; DDP's bf16 hook on native). Two hosts of two ranks: the
+    toolkit's bf16 and int8, and the hierarchical forms (float32, bf16, int8), each config hierarchical_exchange
+    true, the flat ones false. What the rest of the config refuses is left
+    out: FSDP reduces in float32 (none only), hierarchical_exchange false or true keeps one form, a strategy
+    without groups of ranks has no hierarchical form."""
+    assert _labels(auto.candidates(_config(), (2, 1))) == ["none", "fp16"]
+    assert _labels(auto.candidates(_config(), (1, 2))) == ["none", "fp16", "bf16", "int8"]
+    both = auto.candidates(_config(), (2, 2))
+    assert _labels(both) == ["none", "fp16", "bf16", "int8", "fp32 hierarchical", "bf16 hierarchical",
+                             "int8 hierarchical"]
+    chosen = dict(both)
+    assert chosen["int8 hierarchical"].hierarchical_exchange is True and chosen["int8"].hierarchical_exchange is False
+    assert chosen["int8"].toolkit_exchange and not chosen["fp16"].toolkit_exchange
+    assert chosen["fp32 hierarchical"].toolkit_exchange
+    assert chosen["int8"].error_feedback is True        # the chosen config is complete (its derived defaults)
+    assert _labels(auto.candidates(_config(), (2, 2), groups=False)) == ["none", "fp16", "bf16", "int8"]
+    assert _labels(auto.candidates(_config(hierarchical_exchange=False), (2, 2))) == ["none", "fp16", "bf16", "int8"]
+    assert _labels(auto.candidates(_config(hierarchical_exchange=True), (2, 2))) == [
+        "fp32 hierarchical", "bf16 hierarchical", "int8 hierarchical"]
+    fsdp = _config(backend="native", sharding="fsdp")
+    assert _labels(auto.candidates(fsdp, (2, 1))) == ["none"]
+
+
+class _TwoRanks:
+    """A session of two ranks on two hosts, in one process, whose collectives take `bandwidth` bytes/s through
+    the link (allreduce and allgather: the buffer once) and return what two identical ranks would."""
+    world_size, rank, local_rank, local_size = 2, 0, 0, 1
+
+    def __init__(self, config: Config, bandwidth: float):
+        from types import SimpleNamespace
+        self.config, self.bandwidth = config, bandwidth
+        self.strategy = SimpleNamespace(name="horovod", groups=False)
+
+    def _wait(self, nbytes: float) -> None:
+        time.sleep(nbytes / self.bandwidth)
+
+    def allreduce(self, array, average=True, name=None, group=None):
+        self._wait(array.nbytes)
+        return array
+
+    def allgather(self, array, group=None):
+        self._wait(array.nbytes)
+        return np.concatenate([array, array])
+
+    def allgather_object(self, obj, name):
+        return [obj, obj]
+
+
+def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes():
+    """`measure` runs each candidate's exchange as training would (Horovod's allreduce for none and fp16, the
+    toolkit's exchange with its compression for bf16 and int8) on a gradient of the model's size: on a 10 MB/s
+    link int8's quarter of the bytes is the cheapest and picked; on a link far faster than compressing, the
+    exact method (none) is. A gradient over CAP values is timed on CAP and scaled."""
+    config = _config()
+    options = auto.candidates(config, (1, 2), groups=False)
+    assert _labels(options) == ["none", "fp16", "bf16", "int8"]
+    values = 250_000
+    slow = auto.measure(_TwoRanks(config, 10e6), options, values, (1, 2))
+    assert set(slow) == {"none", "fp16", "bf16", "int8"}
+    assert slow["none"] > 4 * values / 10e6 and slow["int8"] < 0.5 * slow["none"]
+    assert auto.pick(slow, {"none"})[0] == "int8"
+    fast = auto.measure(_TwoRanks(config, 1e12), options, values, (1, 2))
+    assert auto.pick(fast, {"none"})[0] == "none"
+    big = auto.measure(_TwoRanks(config, 1e8), options[:1], 4 * auto.CAP, (1, 2))
+    small = auto.measure(_TwoRanks(config, 1e8), options[:1], auto.CAP, (1, 2))
+    assert big["none"] == pytest.approx(4 * small["none"], rel=0.2)
+
+
+def test_an_exact_method_within_five_percent_of_the_fastest_is_picked():
+    assert auto.pick({"none": 1.04, "fp16": 1.0, "int8": 1.2}, {"none"})[0] == "none"
+    assert auto.pick({"none": 1.4e-3, "fp16": 1.0e-3}, {"none"})[0] == "none"       # within the probe's resolution
+    assert auto.pick({"none": 1.6e-3, "fp16": 1.0e-3}, {"none"})[0] == "fp16"
+    assert auto.pick({"none": 1.06, "fp16": 1.0, "int8": 1.2}, {"none"})[0] == "fp16"
+    assert auto.pick({"none": 2.0, "int8 hierarchical": 1.0, "fp32 hierarchical": 1.03},
+                     {"none", "fp32 hierarchical"})[0] == "fp32 hierarchical"
+    label, why = auto.pick({"none": 2.0, "int8": 1.0}, {"none"})
+    assert why == "exchange a step: int8 1000.0 ms, none 2000.0 ms"
+
+
+def test_the_link_probe_fits_latency_and_bandwidth_and_bounds_jitter():
+    """A level's two allreduces give its latency (the intercept at no bytes) and bandwidth; a large message no
+    slower than the small one (jitter on a fast link) gives the small one's time as latency and a bandwidth
+    bounded by a 50th of the large one's time."""
+    from toolkit.exchange import wire
+    from toolkit.planner.calibration import Sample
+    link = Link(1e-3, 100 * MBIT)        # 2 ms an allreduce of 2 ranks at no bytes
+    fitted = auto._fit([Sample("allreduce", 2, b, wire.ring_allreduce(b, 2, link)) for b in auto.SIZES])
+    assert fitted.bandwidth == pytest.approx(link.bandwidth) and fitted.alpha == pytest.approx(1e-3)
+    jitter = auto._fit([Sample("allreduce", 2, auto.SIZES[0], 2e-3), Sample("allreduce", 2, auto.SIZES[1], 1.5e-3)])
+    assert jitter.alpha == pytest.approx(1e-3)
+    assert jitter.bandwidth == pytest.approx(auto.SIZES[1] / (1.5e-3 / 50))
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--sync", "local_sgd"], "compression: auto chooses how every step's gradients travel"),
+    (["--op", "adasum"], "compression: auto chooses among averaging methods"),
+])
+def test_what_rules_out_auto_is_one_line(extra, needle):
+    proc = toolkit("config", "show", "--framework", "torch", "--compression", "auto", *extra)
+    one_line_error(proc, needle)
+
+
+def test_auto_needs_no_method_the_backend_lacks():
+    """tf-keras on Horovod runs none and fp16 only: auto is accepted (it picks among those), where bf16 is refused."""
+    c = Config.from_dict({"framework": "tensorflow", "keras": "tf_keras", "compression": "auto"})
+    assert _labels(auto.candidates(c, (1, 2))) == ["none", "fp16"]
+    with pytest.raises(ConfigError):
+        Config.from_dict({"framework": "tensorflow", "keras": "tf_keras", "compression": "bf16"})
+
