@@ -188,6 +188,8 @@ class Session(TensorWork):
         from toolkit.planner import auto
         choice = auto.choose(self, sum(int(a.size) for a in self.weights()))
         self.config = choice.config
+        if not choice.config.hierarchical_exchange:     # the groups timed for a hierarchical exchange, not kept
+            self.strategy.drop_groups()
         self.strategy.reconfigure(choice.config)
         self.compression_choice = choice
         messages.say(self.rank, choice.line(), self.config.quiet)

@@ -185,6 +185,13 @@ class HorovodStrategy(Strategy):
             self.process_sets[tuple(ranks)] = self.hvd.add_process_set(list(ranks))
         return self.process_sets[tuple(ranks)]
 
+    def drop_groups(self) -> None:
+        """Horovod's background loop negotiates every process set each cycle: the unused ones removed (every rank,
+        in the order they were made)."""
+        for made in self.process_sets.values():
+            self.hvd.remove_process_set(made)
+        self.process_sets.clear()
+
     @staticmethod
     def process_set(group) -> dict:
         """The keyword a Horovod collective takes for `group` (none: every rank)."""

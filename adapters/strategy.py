@@ -140,6 +140,10 @@ class Strategy(abc.ABC):
         in the same order, member or not."""
         raise self.refuse("groups of ranks (the hierarchical exchange)")
 
+    def drop_groups(self) -> None:
+        """The groups `new_group` made, given back (compression: auto timed a hierarchical exchange it did not
+        choose). Collective. Nothing to give back where groups cost nothing between collectives."""
+
     @abc.abstractmethod
     def allgather_object(self, obj, name: str) -> list: ...
 

@@ -23,14 +23,16 @@ def _labels(options) -> list:
 
 
 def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
-    """One host: the backend's own methods (none, fp16; DDP's bf16 hook on native). Two hosts of two ranks: the
-    toolkit's bf16 and int8, and the hierarchical forms (float32, bf16, int8), each config hierarchical_exchange
-    true, the flat ones false. What the rest of the config refuses is left
+    """One host: the backend's own methods (none, and on GPUs Horovod's fp16; DDP's fp16 and bf16 hooks on native).
+    Two hosts of two ranks: the toolkit's bf16 and int8, and the hierarchical forms (float32, bf16, int8), each
+    config hierarchical_exchange true, the flat ones false. What the rest of the config refuses is left
     out: FSDP reduces in float32 (none only), hierarchical_exchange false or true keeps one form, a strategy
     without groups of ranks has no hierarchical form."""
-    assert _labels(auto.candidates(_config(), (2, 1))) == ["none", "fp16"]
-    assert _labels(auto.candidates(_config(), (1, 2))) == ["none", "fp16", "bf16", "int8"]
-    both = auto.candidates(_config(), (2, 2))
+    assert _labels(auto.candidates(_config(), (2, 1))) == ["none"]
+    assert _labels(auto.candidates(_config(), (2, 1), gpu=True)) == ["none", "fp16"]
+    assert _labels(auto.candidates(_config(backend="native"), (2, 1))) == ["none", "fp16", "bf16"]
+    assert _labels(auto.candidates(_config(), (1, 2))) == ["none", "bf16", "int8"]
+    both = auto.candidates(_config(), (2, 2), gpu=True)
     assert _labels(both) == ["none", "fp16", "bf16", "int8", "fp32 hierarchical", "bf16 hierarchical",
                              "int8 hierarchical"]
     chosen = dict(both)
@@ -38,8 +40,8 @@ def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
     assert chosen["int8"].toolkit_exchange and not chosen["fp16"].toolkit_exchange
     assert chosen["fp32 hierarchical"].toolkit_exchange
     assert chosen["int8"].error_feedback is True        # the chosen config is complete (its derived defaults)
-    assert _labels(auto.candidates(_config(), (2, 2), groups=False)) == ["none", "fp16", "bf16", "int8"]
-    assert _labels(auto.candidates(_config(hierarchical_exchange=False), (2, 2))) == ["none", "fp16", "bf16", "int8"]
+    assert _labels(auto.candidates(_config(), (2, 2), groups=False)) == ["none", "bf16", "int8"]
+    assert _labels(auto.candidates(_config(hierarchical_exchange=False), (2, 2))) == ["none", "bf16", "int8"]
     assert _labels(auto.candidates(_config(hierarchical_exchange=True), (2, 2))) == [
         "fp32 hierarchical", "bf16 hierarchical", "int8 hierarchical"]
     fsdp = _config(backend="native", sharding="fsdp")
@@ -77,7 +79,7 @@ def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_byte
     link int8's quarter of the bytes is the cheapest and picked; on a link far faster than compressing, the
     exact method (none) is. A gradient over CAP values is timed on CAP and scaled."""
     config = _config()
-    options = auto.candidates(config, (1, 2), groups=False)
+    options = auto.candidates(config, (1, 2), groups=False, gpu=True)
     assert _labels(options) == ["none", "fp16", "bf16", "int8"]
     values = 250_000
     slow = auto.measure(_TwoRanks(config, 10e6), options, values, (1, 2))
@@ -128,7 +130,7 @@ def test_what_rules_out_auto_is_one_line(extra, needle):
 def test_auto_needs_no_method_the_backend_lacks():
     """tf-keras on Horovod runs none and fp16 only: auto is accepted (it picks among those), where bf16 is refused."""
     c = Config.from_dict({"framework": "tensorflow", "keras": "tf_keras", "compression": "auto"})
-    assert _labels(auto.candidates(c, (1, 2))) == ["none", "fp16"]
+    assert _labels(auto.candidates(c, (1, 2), gpu=True)) == ["none", "fp16"]
     with pytest.raises(ConfigError):
         Config.from_dict({"framework": "tensorflow", "keras": "tf_keras", "compression": "bf16"})
 

@@ -174,13 +174,13 @@ def test_bf16_across_two_hosts_is_hierarchical_in_tensorflow_and_mxnet(hosts, fw
     assert out["accuracy"] > 0.5
 
 
-def test_compression_auto_picks_a_compressed_hierarchical_form_when_the_link_between_hosts_is_slow(hosts):
+def test_compression_auto_picks_a_compressed_exchange_when_the_link_between_hosts_is_slow(hosts):
     """2 hosts x 2 ranks, compression: auto, the link between the namespace hosts shaped to 100 Mbit/s each way
-    (`netns_hosts.sh shape`), a 1.1M-parameter MLP: the probe measures the link across hosts near its rate (up
-    to about twice it: the token bucket's 512 KB burst passes half of a host's 1 MiB probe at the veth's speed)
-    and the one inside a host far above it; of the candidates' exchanges, timed, a compressed hierarchical form
-    (bf16 or int8: float32 inside a host, compressed across) is the fastest by far and picked, and then runs:
-    its path, identical replicas."""
+    (`netns_hosts.sh shape`), a 1.1M-parameter MLP: the probe measures the link across hosts near its rate (the
+    token bucket's 512 KB burst can pass an eighth of a host's 4 MiB probe at the veth's speed)
+    and the one inside a host far above it; of the candidates' exchanges, timed, a compressed one (bf16 or int8;
+    hierarchical, float32 inside a host and compressed across, or flat: the two time close on 2 cores) is the
+    fastest by far and picked, and then runs: its path, identical replicas."""
     subprocess.run(["bash", SCRIPT, "shape", hosts, "100mbit"], check=True, capture_output=True, timeout=60)
     try:
         out = _four_ranks(hosts, ["--gloo"], *digits("torch"), "--epochs", "1", "--hidden-size", "1024",
@@ -189,12 +189,14 @@ def test_compression_auto_picks_a_compressed_hierarchical_form_when_the_link_bet
         subprocess.run(["bash", SCRIPT, "shape", hosts, "none"], check=True, capture_output=True, timeout=60)
     chosen = out["compression_auto"]
     assert chosen["hosts"] == 2 and chosen["ranks_per_host"] == 2, chosen
-    assert 130e6 / 8 < chosen["across_bytes_per_s"] < 320e6 / 8, chosen         # the shaped link, measured
+    assert 50e6 / 8 < chosen["across_bytes_per_s"] < 320e6 / 8, chosen          # the shaped link, measured
     assert chosen["inside_bytes_per_s"] > 5 * chosen["across_bytes_per_s"], chosen
-    assert chosen["chosen"] in ("bf16 hierarchical", "int8 hierarchical"), chosen
+    assert chosen["chosen"].split()[0] in ("bf16", "int8"), chosen
     measured = chosen["measured_ms"]
-    assert measured[chosen["chosen"]] < 0.8 * measured["none"] and measured[chosen["chosen"]] < measured["fp16"]
-    method = chosen["chosen"].split()[0]
+    assert "fp16" not in measured and measured[chosen["chosen"]] < 0.8 * measured["none"]     # Horovod's fp16: GPUs
+    method, *form = chosen["chosen"].split()
     assert out["compression"] == method
-    assert out["path"].startswith(f"toolkit {method} hierarchical (2 hosts x 2 ranks"), out["path"]
+    assert out["path"].startswith(f"toolkit {method} hierarchical (2 hosts x 2 ranks" if form else f"toolkit {method} "), \
+        out["path"]
+    assert ("hierarchical" in out["path"]) == bool(form), out["path"]
     assert_replicas(out, 4)

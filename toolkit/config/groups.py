@@ -149,9 +149,9 @@ class CommunicationConfig:
                                                     "its allreduce); bf16, int8 (per block of 256 values + a "
                                                     "float32 scale), topk (indices + values, allgathered) and "
                                                     "powersgd (low-rank factors, allreduced) are the toolkit's "
-                                                    "(docs/COMMUNICATION.md); auto probes the links at the first "
-                                                    "setup and picks none, fp16, bf16 or int8, flat or "
-                                                    "hierarchical, by the planner's model")
+                                                    "(docs/COMMUNICATION.md); auto times each one's exchange at "
+                                                    "the first setup (none, fp16; on several hosts bf16 and int8, "
+                                                    "flat or hierarchical) and keeps the fastest")
     topk_ratio: Optional[float] = _f(None, "compression topk: fraction of gradient values sent, in (0, 1]; "
                                            "unset = {unset}", unset=0.01)
     dgc: bool = _f(False, "compression topk: Deep Gradient Compression (momentum correction and masking: the SGD "

@@ -2,7 +2,7 @@
 
 At the first `session.setup()` (the model's gradient size is known, nothing is wrapped yet), every rank:
 
-1. **Probes the links** (`probe`): float32 allreduces of 64 KiB and 1 MiB among the ranks of its host and among
+1. **Probes the links** (`probe`): float32 allreduces of 64 KiB and 4 MiB among the ranks of its host and among
    the ranks of its local rank across hosts (one host, or one rank a host: among every rank); a link (latency,
    bandwidth) is fitted to each level (toolkit/planner/calibration.py's terms). They are reported, and explain
    the choice; they do not make it.
@@ -14,7 +14,7 @@ At the first `session.setup()` (the model's gradient size is known, nothing is w
    slow spell of the machine hits each alike; each rank keeps its fastest round, and the slowest rank's figure
    counts, so every rank decides alike. On one host only the backend's own methods are candidates: inside a host
    the links are the fast ones, and the toolkit's compression pays only across slow links (docs/COMMUNICATION.md
-   measures it).
+   measures it). Horovod's fp16 is a candidate on GPUs only (`candidates` says why).
 3. **Picks** the cheapest, unless an exact method (none, float32 hierarchical) is within 5% or half a
    millisecond of it.
 
@@ -40,8 +40,8 @@ from toolkit.exchange.exchanges import GradientExchange, make_exchange
 from toolkit.exchange.wire import Link
 from toolkit.planner import calibration
 
-SIZES = (64 * 1024, 1024 * 1024)        # bytes of the link probe's allreduces (float32 values)
-CAP = 1 << 20                           # values a candidate's exchange is timed on at most (4 MB of float32)
+SIZES = (64 * 1024, 4 * 1024 * 1024)    # bytes of the link probe's allreduces (float32 values)
+CAP = 1 << 22                           # values a candidate's exchange is timed on at most (16 MB of float32)
 ROUNDS = 3                              # timed rounds (the fastest counts), after one untimed
 MIN_SECONDS, MAX_ROUNDS = 0.5, 40       # more rounds where they take less than this in all (quick exchanges)
 DROP = 2.0                              # a candidate over this times the fastest is timed no more
@@ -67,7 +67,7 @@ class Probe:
 class Choice:
     label: str                      # "int8 hierarchical", "none", ...
     config: Config                  # the session's config from now on
-    measured_ms: dict               # label -> one step's exchange, milliseconds (timed; scaled where capped)
+    measured: dict                  # label -> one step's exchange in seconds (timed; scaled where capped)
     probe: Probe | None             # None: nothing was timed (one rank, or one candidate)
     why: str
     seconds: float = 0.0            # the probe and the timing, in all
@@ -76,7 +76,7 @@ class Choice:
         return f"compression auto: {self.label} ({self.why})"
 
     def summary(self) -> dict:
-        out: dict = {"chosen": self.label, "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()},
+        out: dict = {"chosen": self.label, "measured_ms": {k: round(1000 * v, 3) for k, v in self.measured.items()},
                      "why": self.why, "seconds": round(self.seconds, 3)}
         if self.probe is not None:
             p = self.probe
@@ -86,18 +86,23 @@ class Choice:
         return out
 
 
-def candidates(config: Config, shape: tuple[int, int], groups: bool = True) -> list[tuple[str, Config]]:
+def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu: bool = False) -> list[tuple[str, Config]]:
     """(label, config) for each method the config allows at this shape (ranks per host K, hosts H): on one host
     the backend's own (none, fp16; DDP's bf16 hook on native); on several, the toolkit's bf16 and int8 too, and
     the hierarchical forms where K > 1, the strategy makes groups of ranks and hierarchical_exchange is not
-    false; the flat ones unless hierarchical_exchange is true. A candidate the config's rules refuse (its backend,
-    sharding, overlap, ...) is left out."""
+    false; the flat ones unless hierarchical_exchange is true. Horovod's fp16 only on GPUs (`gpu`): on a CPU
+    its float16 sums share the cores with the backward pass it overlaps, which timing it alone does not show
+    (measured: 2.4x none's step on 2 ranks of one host, 1.7x on 2 x 2 hosts at 1 Gbit/s). A candidate the
+    config's rules refuse (its backend, sharding, overlap, ...) is left out."""
     k, h = shape
     levels_possible = k > 1 and h > 1 and groups and config.hierarchical_exchange is not False
-    own = ("none", "fp16", "bf16") if config.backend.value == "native" else ("none", "fp16")
+    native = config.backend.value == "native"
+    own = ("none", "fp16", "bf16") if native else ("none", "fp16")
     out = []
     for label, name, form in CANDIDATES:
         if form == "levels" and not levels_possible:
+            continue
+        if label == "fp16" and not native and not gpu:      # Horovod's fp16 on a CPU (above)
             continue
         if h == 1 and label not in own:     # one host: its links are the fast ones (the module's docstring)
             continue
@@ -216,8 +221,9 @@ def _runner(label: str, cfg: Config, session, ops, flat, levels):
 def measure(session, options: list[tuple[str, Config]], values: int, shape: tuple[int, int]) -> dict[str, float]:
     """Collective: label -> seconds of one step's exchange of a `values`-value gradient (timed on at most CAP
     values, scaled by size), the slowest rank's fastest round. The candidates run in turn each round, the first
-    round untimed; after each timed round the ranks agree on the figures so far and drop a candidate over DROP
-    times the fastest (its figure stays: it cannot win). A candidate the backend cannot run is left out."""
+    round untimed; after each timed round the ranks agree on the figures so far, and from the second on drop a
+    candidate over DROP times the fastest (its figure stays: it cannot win). A candidate the backend cannot run is
+    left out."""
     ops = arrays.of(session)
     n = max(1, min(values, CAP))
     flat = ops.random_normal(n, seed=0)
@@ -245,7 +251,8 @@ def measure(session, options: list[tuple[str, Config]], values: int, shape: tupl
         elif alive:
             agreed.update(zip(alive, _slowest(session, [mine[label] for label in alive])))
             fastest = min(agreed[label] for label in alive)
-            alive = [label for label in alive if agreed[label] <= DROP * fastest]
+            if r >= 2:      # two timed rounds each before any is dropped (one can be a slow spell)
+                alive = [label for label in alive if agreed[label] <= DROP * fastest]
         r += 1
     return {label: agreed[label] * values / n for label, _ in options if label in agreed}
 
@@ -266,7 +273,7 @@ def choose(session, values: int) -> Choice:
     t0 = time.perf_counter()
     config = session.config
     shape = shape_of(session)
-    options = candidates(config, shape, session.strategy.groups)
+    options = candidates(config, shape, session.strategy.groups, gpu=str(session.device).startswith("cuda"))
     if not options:
         raise ConfigError("compression: auto found no method this config allows; set compression (none, fp16, "
                           "bf16 or int8)", "compression")
