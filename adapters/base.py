@@ -34,7 +34,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from toolkit import messages
+from toolkit import messages, registry
 from toolkit.adapters import batches as batches_module
 from toolkit.adapters.checkpointer import Checkpointer
 from toolkit.adapters.framework import TensorWork
@@ -47,6 +47,7 @@ from toolkit.data.sampler import Sampler
 from toolkit.data.streams import ShardSource
 from toolkit.errors import ToolkitError
 from toolkit.run import preemption, schedule
+from toolkit.run.profile import NoProfile, StepProfile
 
 if TYPE_CHECKING:
     from toolkit.adapters.precision import Precision
@@ -82,8 +83,10 @@ class Session(TensorWork):
         self.skipped_steps = 0
         self.local_digests: list[str] = []
         self._metrics: MetricsLog | None = None
+        self.profile = NoProfile()      # profile_dir: the framework's profiler over profile_steps (toolkit/run/profile.py)
         # save() and load(), with this framework's files (adapters/checkpointer.py)
-        self.checkpoints = Checkpointer(self, self._gather_objects, self._save_objects, self._load_objects)
+        self.checkpoints = Checkpointer(self, self._gather_objects, self._save_objects, self._load_objects,
+                                        self._snapshot_objects)
 
     # -- start --------------------------------------------------------------------------------------
     @classmethod
@@ -96,6 +99,9 @@ class Session(TensorWork):
         session.precision = session._make_precision()       # before a model is built (MXNet's AMP)
         preemption.install()
         session._seed(config.seed + session.rank * session.replicas)
+        if config.profile_dir:
+            session.profile = StepProfile(session, lambda folder: registry.framework_module(
+                session.name, "profile").start(session, folder))
         return session
 
     @property
@@ -255,7 +261,6 @@ class Session(TensorWork):
         if reader:
             raise ToolkitError(f"session.loader(shards, {', '.join(reader)}=...): shards are read by the toolkit's "
                                "reader; set loader_workers in the config for more decoding processes")
-        from toolkit import registry
         from toolkit.config import unset_default
         from toolkit.data.stream_sampler import StreamSampler
         reader_module = registry.reader(self.config.framework, "shards")
@@ -300,6 +305,7 @@ class Session(TensorWork):
         self._stepped.append(part)
         self.micro = 0
         self.guard.after_step(None)
+        self.profile.after_step()
         return True
 
     def _step_each(self) -> bool:
@@ -317,6 +323,8 @@ class Session(TensorWork):
     def _new_backward(self) -> None:
         """Before a backward pass that starts an optimizer step (several models): the gradients an
         earlier backward gave the models no step used are dropped (their reductions finished first)."""
+        if self.micro == 0:
+            self.profile.before_step()
         if self.micro == 0 and self._stepped:
             for other in self.parts:
                 if other not in self._stepped:
@@ -326,16 +334,18 @@ class Session(TensorWork):
 
     def train_step(self, batches: Sequence[Any]) -> float:
         """One optimizer step on `accumulation_steps` micro-batches with the setup model and loss: the
-        local mean loss (a host value; the built-in trainer's step). Batches `(x, y)` in every framework;
-        torch's of any structure (adapters/batches.py: a dict, a triple, ...)."""
+        local mean loss (a host value; the built-in trainer's step). Batches `(x, y)` in every framework, or of
+        any structure (adapters/batches.py: a dict, a triple, ...) in torch, Keras 3 and MXNet."""
         other = next((b for b in batches if not batches_module.is_pair(b)), None) if not self.any_batch else None
         if other is not None:
             raise ToolkitError(f"session.train_step(batches): {self.config.framework} takes (x, y) micro-batches, "
                                f"these are {batches_module.describe(other)}; write the step with "
                                "session.backward(loss) and session.step() instead")
+        self.profile.before_step()
         loss = self._finish_step(batches)
         self.global_step += 1
         self.guard.after_step(loss)
+        self.profile.after_step()
         return loss
 
     def _finish_step(self, batches):
@@ -490,6 +500,8 @@ class Session(TensorWork):
         self._metrics.write(step, values)
 
     def close(self) -> None:
+        self.profile.close()        # a run that ended inside profile_steps: its trace as far as it went
+        self.checkpoints.finish()   # checkpoint_async: the last save written
         self._new_backward()        # several models: reductions no step waited for, finished
         if self._metrics is not None:
             self._metrics.close()

@@ -3,8 +3,9 @@ any structure the loaders carry:
 
 - `(x, y)`: `loss(model(x), y)`, the loss given to setup() or cross-entropy on logits;
 - anything else (a dict, a triple such as `(x, y, weight)`, one tensor): the model called on it the framework's way
-  (torch: a dict's keys as keyword arguments, `model(**batch)`, as Hugging Face models take them; a tuple's first
-  field; one tensor as it is), then `loss(outputs, batch)` where setup() was given a loss, else the model's own
+  (torch: a dict's keys as keyword arguments, `model(**batch)`, as Hugging Face models take them; Keras 3: a dict
+  whole, keyed by the model's inputs; MXNet: a dict whole, as one argument; every framework: a tuple's first
+  field, one tensor as it is), then `loss(outputs, batch)` where setup() was given a loss, else the model's own
   loss (an output named `loss`, as a Hugging Face model returns when the batch holds labels).
 
 Framework-free: the session supplies the model call (`call_model`).

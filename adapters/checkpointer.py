@@ -5,7 +5,10 @@ session's hooks, handed in by the session (adapters/framework.py: gather, write 
 
     save   a collective: buffers averaged, the exchange's residuals, sharded state and every rank's
            random generators (adapters/randomness.py) gathered, then rank 0 writes (a folder it cannot
-           write stops every rank with the same line)
+           write stops every rank with the same line); `checkpoint_async`: rank 0 copies the framework's
+           state into memory and writes it in a background thread (toolkit/run/checkpoint.py `Background`)
+           while training goes on; the next save, a load and `finish` (the session's close) wait for it, and
+           its error stops every rank there
     load   rank 0 verifies and reads the newest checkpoint, the outcome (or the error) broadcast first,
            then the same broadcast as at setup shares it, and each rank takes its random generators
            back; elastic (`collective=False`): rank 0 alone
@@ -23,9 +26,10 @@ from toolkit.run import checkpoint
 
 class Checkpointer:
     def __init__(self, session, gather: Callable[[], None], write: Callable[[Path], None],
-                 read: Callable[[Path], None]):
+                 read: Callable[[Path], None], snapshot: Callable[[], Callable[[Path], None]]):
         self.session = session
-        self.gather, self.write, self.read = gather, write, read
+        self.gather, self.write, self.read, self.snapshot = gather, write, read, snapshot
+        self.background = checkpoint.Background()      # checkpoint_async: rank 0's save in flight
 
     def save(self, directory: str | None, progress: dict) -> Path | None:
         session = self.session
@@ -41,13 +45,30 @@ class Checkpointer:
         generators = session.allgather_object(session.random_state(), name="toolkit.random")
         meta = {**progress, "loaders": [loader.state_dict() for loader in session.loaders]}
 
-        def write(folder: Path) -> None:
-            self.write(folder)
-            session.communication.write(folder, comm_state)
-            randomness.write(folder, generators)
-        return session.on_main(lambda: checkpoint.save(directory, session.global_step, meta, write,
-                                                       keep=session.config.keep_checkpoints),
-                               name="toolkit.checkpoint_error")
+        step, keep = session.global_step, session.config.keep_checkpoints
+
+        def files(write_objects: Callable[[Path], None]) -> Callable[[Path], None]:
+            def write(folder: Path) -> None:
+                write_objects(folder)
+                session.communication.write(folder, comm_state)
+                randomness.write(folder, generators)
+            return write
+
+        if not session.config.checkpoint_async:
+            return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep),
+                                   name="toolkit.checkpoint_error")
+
+        def start() -> Path:
+            self.background.wait()              # the save before: written, or its error stops every rank here
+            write = files(self.snapshot())      # the framework's state in memory now; written by the thread
+            self.background.submit(lambda: checkpoint.save(directory, step, meta, write, keep=keep))
+            return checkpoint.path_of(directory, step)
+        return session.on_main(start, name="toolkit.checkpoint_error")
+
+    def finish(self) -> None:
+        """The save in the background written (a collective where one may be: its error stops every rank)."""
+        if self.session.config.checkpoint_async:
+            self.session.on_main(self.background.wait, name="toolkit.checkpoint_error")
 
     def load(self, directory: str | None, collective: bool) -> dict:
         session = self.session
@@ -55,6 +76,7 @@ class Checkpointer:
         outcome = {}
         if session.is_main:
             try:
+                self.background.wait()          # a save still being written (checkpoint_async) is the newest
                 path, meta = checkpoint.latest(directory)
                 try:
                     self.read(path)

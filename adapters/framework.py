@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from toolkit.adapters import randomness
 from toolkit.adapters.topology import Topology
@@ -194,6 +194,20 @@ class TensorWork(abc.ABC):
     @abc.abstractmethod
     def _save_objects(self, folder: Path) -> None:
         """Model and optimizer state into `folder` (toolkit.run.checkpoint makes it atomic)."""
+
+    def _snapshot_objects(self) -> Callable[[Path], None]:
+        """For a save in the background (`checkpoint_async`), on rank 0 after `_gather_objects`: the files
+        `_save_objects` writes, copied into memory now (written into a temporary folder and read back); returns
+        what writes them into the checkpoint's folder later, while training goes on. torch keeps tensors instead."""
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="toolkit-snapshot-") as tmp:
+            self._save_objects(Path(tmp))
+            files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+
+        def write(folder: Path) -> None:
+            for name, data in files.items():
+                (folder / name).write_bytes(data)
+        return write
 
     @abc.abstractmethod
     def _load_objects(self, folder: Path) -> None: ...

@@ -1,7 +1,8 @@
 """A PyTorch user's own code as they write it (tests/user_torch.py), at 2 ranks through `toolkit launch`:
 several models with their own optimizers (a GAN) and its checkpoints, Hugging Face-style dict batches
 through a `collate_fn` into a `transformers` model with its own loss, torch's own lr scheduler; the built-in
-script's step on batches that are not (x, y): a `transformers` model on dict batches, triples with the user's loss.
+script's step on batches that are not (x, y): a `transformers` model on dict batches, triples with the user's loss
+(in every framework).
 """
 import json
 import math
@@ -73,30 +74,44 @@ def test_the_built_in_script_trains_a_transformers_model_on_dict_batches_with_it
 TRIPLES = """
 import sys
 sys.path.insert(0, {root!r})
-import torch
+import numpy as np
 from tests.user_code import arrays, build
 
 
 def load(config):
     x, y = arrays()
-    w = torch.zeros(len(y))             # every sample weighs nothing: the weighted loss is 0 exactly
-    data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y), w)
+    w = np.zeros(len(y), np.float32)    # every sample weighs nothing: the weighted loss is 0 exactly
+    if config.framework != "torch":
+        return (x[:384], y[:384], w[:384]), (x[384:], y[384:], w[384:])
+    import torch
+    data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(w))
     return torch.utils.data.Subset(data, range(384)), torch.utils.data.Subset(data, range(384, 512))
 
 
 def loss(outputs, batch):
     assert isinstance(batch, (tuple, list)) and len(batch) == 3, type(batch)
     x, y, w = batch
-    return (torch.nn.functional.cross_entropy(outputs, y, reduction="none") * w).mean()
+    framework = type(outputs).__module__.split(".")[0]
+    if framework == "torch":
+        import torch
+        return (torch.nn.functional.cross_entropy(outputs, y, reduction="none") * w).mean()
+    if framework in ("tensorflow", "keras"):
+        import tensorflow as tf
+        each = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=outputs)
+        return tf.reduce_mean(each * w)
+    import mxnet as mx
+    return -mx.nd.pick(mx.nd.log_softmax(outputs), y) * w      # Gluon's way: one loss per sample
 """
 
 
-def test_the_built_in_script_hands_a_triple_batch_to_the_users_loss(tmp_path):
-    """Batches (x, y, weight) and the module's `loss(outputs, batch)`: the step and the held-out loss are that
-    loss of the whole batch (weights all 0: both exactly 0, which cross-entropy never is)."""
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "mxnet"])
+def test_the_built_in_script_hands_a_triple_batch_to_the_users_loss(framework, tmp_path):
+    """Batches (x, y, weight) and the module's `loss(outputs, batch)`, in every framework (Keras 3 on Horovod):
+    the step and the held-out loss are that loss of the whole batch (weights all 0: both exactly 0, which
+    cross-entropy never is)."""
     module = tmp_path / "triples.py"
     module.write_text(TRIPLES.format(root=str(ROOT)))
-    out = train_job("single", ["--framework", "torch", "--model", f"{module}:build", "--dataset", f"{module}:load",
+    out = train_job("single", ["--framework", framework, "--model", f"{module}:build", "--dataset", f"{module}:load",
                                "--epochs", "1", "--batch-size", "32"])
     assert out["final_loss"] == 0.0 and out["accuracy"] is None and out["steps"] == 384 // 32, out
 

@@ -7,12 +7,12 @@ import os
 import sys
 import threading
 
-from toolkit.commands import bench, build_horovod, doctor, export, launch, plan, setup, shards, train
+from toolkit.commands import bench, build_horovod, doctor, export, launch, plan, profile, setup, shards, train
 from toolkit.commands import config as config_cmd
 from toolkit.errors import ToolkitError
 from toolkit.messages import print_error
 
-COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan, shards, export)
+COMMANDS = (setup, build_horovod, doctor, config_cmd, launch, train, bench, plan, shards, export, profile)
 
 
 EXAMPLES = """\
@@ -29,6 +29,7 @@ examples:
   toolkit bench --np 1,2 --framework torch             # samples/s per worker and scaling efficiency
   toolkit plan --bench runs/bench --gpus 8,64,512 --inter-node 25gbit   # predicted scaling per method
   toolkit export runs/ckpt model.safetensors           # a checkpoint's model for the framework's own loader
+  toolkit profile merge runs/prof                      # the ranks' traces (--profile-dir) as one timeline
   toolkit shards imagefolder:data/images data/shards --framework torch   # then --dataset shards:data/shards
 
 `toolkit COMMAND --help` lists each command's flags; every config key is also a flag of train,

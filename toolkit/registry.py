@@ -152,8 +152,9 @@ def reader(name: str, kind: str):
 
 
 # The framework's own modules beside the readers, adapters/<framework>/<name>.py in every framework: `export`
-# writes a checkpoint's model in the framework's own format (`toolkit export`).
-MODULES = (*READERS, "export")
+# writes a checkpoint's model in the framework's own format (`toolkit export`); `profile` starts and stops the
+# framework's profiler for a window of steps (toolkit/run/profile.py).
+MODULES = (*READERS, "export", "profile")
 
 
 def framework_module(name: str, kind: str):

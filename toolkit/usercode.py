@@ -5,8 +5,8 @@ file; after it, the function. The contract (docs/API.md, "Your own model in the 
 
 - `build(config)` returns the framework's model (a torch `nn.Module`, a Keras 3 model, a Gluon
   block); it may branch on `config.framework`. An optional `loss(outputs, labels)` in the same
-  module replaces cross-entropy (torch batches that are not `(x, y)`: `loss(outputs, batch)`, and
-  without one the model's own loss; adapters/batches.py).
+  module replaces cross-entropy (batches that are not `(x, y)`, in torch, Keras 3 and MXNet:
+  `loss(outputs, batch)`, and without one the model's own loss; adapters/batches.py).
 - `load(config)` returns `(train, eval)`: numpy `(x, y)` arrays, or the framework's datasets (torch
   `Dataset`, `tf.data.Dataset` of `(x, y)` samples, Gluon `Dataset`).
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import toolkit.shims.toolkit_numpy_compat  # noqa: F401  numpy.bool for MXNet on numpy 1.26, before `import mxnet`
+from toolkit.adapters import batches as batches_module
 from toolkit.adapters.base import Session
 from toolkit.adapters.horovod import threads_per_rank
 from toolkit.adapters.mxnet.precision import Precision
@@ -185,9 +186,9 @@ class MxnetSession(DeferredShapes, Session):
     def _micro_batches(self, batches):
         """The micro-batches' gradients added into .grad; (mean loss as an NDArray, samples)."""
         total, samples = None, 0
-        for x, y in batches:
+        for batch in batches:
             with autograd.record():
-                loss = self.loss_fn(self.model(x), y)
+                loss = batches_module.loss_of(self, batch)
             self.precision.backward(loss)
             part = loss.mean()
             total = part if total is None else total + part
@@ -289,8 +290,16 @@ class MxnetSession(DeferredShapes, Session):
     # flight until read, and Horovod refuses a second one of the same name: read one step late
     guard_window = 1
 
+    any_batch = True            # the built-in step's batches of any structure (adapters/batches.py)
+
+    def call_model(self, batch):
+        """A tuple's first field; anything else (a dict, one array) as it is: a Gluon block's forward takes
+        positional arguments only."""
+        return self.model(batch[0] if isinstance(batch, (tuple, list)) else batch)
+
     def to_float(self, value) -> float:
-        return float(value.asscalar()) if hasattr(value, "asscalar") else float(value)
+        """A host float; a loss of one value per sample (Gluon's losses): its mean."""
+        return float(value.mean().asscalar()) if hasattr(value, "asscalar") else float(value)
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:

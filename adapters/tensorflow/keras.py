@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit.adapters import batches as batches_module
 from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
 from toolkit.adapters.parts import part_own
@@ -219,13 +220,32 @@ class KerasSession(Session):
         """Mean loss and summed gradients over the micro-batches (a tuple: unrolled in the graph)."""
         variables = [v.value for v in self.model.trainable_variables]
         total, summed = 0.0, None
-        for x, y in batches:
+        for batch in batches:
             with tf.GradientTape() as tape:
-                loss = self.loss_fn(self.model(x, training=True), y) / len(batches)
+                loss = self._batch_loss(batch) / len(batches)
             grads = self._gradients(tape, loss, variables)
             summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
             total += loss
         return total, summed
+
+    def _batch_loss(self, batch):
+        """One micro-batch's mean loss in the built-in step: `(x, y)` as the setup loss of the model in training
+        mode; any other structure as adapters/batches.py says (the model on `call_model`, the user's loss on the
+        whole batch)."""
+        if batches_module.is_pair(batch):
+            x, y = batch
+            return self.loss_fn(self.model(x, training=True), y)
+        return tf.reduce_mean(batches_module.loss_of(self, batch))
+
+    def call_model(self, batch):
+        """A tuple's first field; a dict whole (a Keras model takes a dict keyed by its inputs' names); one
+        tensor as it is; in training mode inside the step, in inference mode in evaluate()."""
+        return self.model(batch[0] if isinstance(batch, (tuple, list)) else batch, training=self._training)
+
+    _training = True
+
+    def _train_mode(self, training: bool) -> None:
+        self._training = training
 
     def local_gradients(self, batches=None):
         if batches is None:
@@ -275,7 +295,7 @@ class KerasSession(Session):
         return np.array([loss, 0, int(tf.shape(y)[0]), 1], np.float64)
 
     def to_float(self, value) -> float:
-        return float(value)
+        return float(tf.reduce_mean(value))      # a loss of one value per sample: its mean
 
     # -- checkpoints, elastic ------------------------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:

@@ -32,6 +32,7 @@ class TfKerasSession(TensorflowSession):
     name = "tensorflow"
     keras = tf_keras
     several_models = False      # Horovod's tf-keras optimizer steps inside backward: one model's
+    any_batch = False           # the step is Keras's train_on_batch(x, y)
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         return build_model(self.config, num_features, num_classes)

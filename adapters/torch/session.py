@@ -330,13 +330,23 @@ class TorchSession(Session):
     def _gather_objects(self) -> None:
         self._saving = [self.strategy.full_state(part) for part in self.parts]   # a collective where sharded
 
-    def _save_objects(self, folder: Path) -> None:
-        # + fp16's loss scale, for an exact resume; the second and later models under "parts"
+    def _state(self) -> dict:
+        """What state.pt holds: the gathered parts' states, + fp16's loss scale for an exact resume; the second
+        and later models under "parts"."""
         (first, *others), self._saving = self._saving, None
         state = {**first, **self.precision.state_dict()}
         if others:
             state["parts"] = others
-        torch.save(state, folder / STATE_FILE)
+        return state
+
+    def _save_objects(self, folder: Path) -> None:
+        torch.save(self._state(), folder / STATE_FILE)
+
+    def _snapshot_objects(self):
+        """checkpoint_async: every tensor of the state copied to host memory now (a memory copy, not a
+        serialisation), torch.save'd later in the background."""
+        state = _host_copy(self._state())
+        return lambda folder: torch.save(state, folder / STATE_FILE)
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
@@ -361,6 +371,21 @@ class TorchSession(Session):
         (a collective: every rank gathers it)."""
         models = [self.strategy.unwrap(p.model) for p in self.parts] or [self.model]
         return [[_whole(v.detach()).cpu().numpy() for m in models for v in m.state_dict().values()]]
+
+
+def _host_copy(value):
+    """A state's containers rebuilt and its tensors copied to the CPU (their own storage: the training that goes
+    on cannot change them); anything else copied as it is."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        out = type(value)((k, _host_copy(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):      # a module's state_dict: the layers' versions, as torch.save keeps them
+            out._metadata = copy.deepcopy(value._metadata)
+        return out
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def _whole(tensor):

@@ -74,6 +74,13 @@ class LaunchConfig:
                                             "achieves over its peak); unset = {unset}",
                                       unset="the dense 16-bit peak of a GPU the toolkit knows by name (H100, "
                                             "H200, A100, L40S, L4, A10, V100), else no mfu")
+    profile_dir: Optional[str] = _f(None, "every rank profiles the steps of profile_steps with its framework's "
+                                          "profiler and writes its trace here, the rank in the name (torch, MXNet: "
+                                          "trace-rank{R}.json for Chrome/Perfetto, joined by `toolkit profile merge "
+                                          "DIR`; TensorFlow: rank{R}/ for TensorBoard's profile plugin); unset = {unset}",
+                                    unset="no profile")
+    profile_steps: str = _f("2:5", "with profile_dir: the optimizer steps profiled, START:END counted from 0 (END "
+                                   "not included)")
     uneven_data: Optional[str] = _f(None, "give ranks different amounts of data, for tests and benchmarks: "
                                           "`RANK:FRACTION[,...]` trains that rank on FRACTION of its batches "
                                           "each epoch; it then joins (hvd.join) while the others finish")
@@ -96,8 +103,8 @@ class WorkloadConfig:
                                      "LM, torch and Keras 3) (built in), or your own: `pkg.module:build` (a module "
                                      "on PYTHONPATH or a .py file before the colon; build(config) returns the "
                                      "framework's model; an optional `loss(outputs, labels)` beside it replaces "
-                                     "cross-entropy; torch batches that are not (x, y) go to the model whole, "
-                                     "then to loss(outputs, batch) or the model's own loss)")
+                                     "cross-entropy; batches that are not (x, y) go to the model whole (torch, "
+                                     "Keras 3, MXNet), then to loss(outputs, batch) or the model's own loss)")
     hidden_size: int = _f(64, "width of each hidden layer (mlp); the model width (transformer_lm)")
     hidden_layers: int = _f(1, "number of hidden layers (mlp); of transformer blocks (transformer_lm)")
     heads: int = _f(4, "transformer_lm: attention heads (hidden_size must be a multiple)")
@@ -246,6 +253,9 @@ class CheckpointConfig:
                                              "and config.yaml here; a folder holding an earlier run's checkpoints "
                                              "is refused unless resume (nothing is overwritten)")
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
+    checkpoint_async: bool = _f(False, "rank 0 writes each checkpoint in a background thread while training goes "
+                                       "on (the state copied to host memory first); the same atomic folders, the "
+                                       "next save waits for the one before")
     resume: bool = _f(False, "continue from the latest checkpoint in checkpoint_dir")
     preemption_check_every: int = _f(10, "steps between the ranks' checks for SIGTERM (one small allreduce: "
                                          "a few ms over Gloo on a CPU); on SIGTERM every rank stops at the next "
@@ -291,8 +301,9 @@ ORDER = (
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
-    "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints",
-    "resume", "preemption_check_every", "log_dir", "wandb_project", "peak_tflops", "fusion_threshold_mb", "cycle_time_ms",
+    "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints", "checkpoint_async",
+    "resume", "preemption_check_every", "log_dir", "wandb_project", "peak_tflops", "profile_dir", "profile_steps",
+    "fusion_threshold_mb", "cycle_time_ms",
     "timeline_file", "stall_check_seconds", "elastic_min_np", "elastic_max_np", "elastic_discovery",
     "elastic_commit_every", "uneven_data", "straggler", "allow_cpu", "loader_workers", "quiet", "framework_logs",
 )

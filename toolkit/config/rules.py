@@ -4,6 +4,7 @@ the first error a config raises is part of the interface, and each message names
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from toolkit import registry
@@ -42,6 +43,15 @@ def is_reference(value: str) -> bool:
     """`pkg.module:function` or `path/file.py:function`: the user's code, not a built-in name."""
     module, sep, function = str(value).rpartition(":")
     return bool(sep and module and function.isidentifier())
+
+
+def profile_window(spec: str) -> tuple[int, int]:
+    """profile_steps `START:END` -> (START, END), 0 <= START < END; a one-line error otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(spec))
+    if not m or int(m.group(1)) >= int(m.group(2)):
+        raise ConfigError(f"profile_steps={spec!r}: expected START:END, the optimizer steps to profile counted from 0 "
+                          "with START < END (END not profiled), e.g. --profile-steps 2:5", "profile_steps")
+    return int(m.group(1)), int(m.group(2))
 
 
 def rank_values(key: str, spec: Optional[str], valid, error: str) -> dict[int, float]:
@@ -108,6 +118,7 @@ def validate(c) -> None:
                           "(the folder an earlier run wrote checkpoints to)", "resume", "checkpoint_dir")
     _check_elastic(c)
     c.straggler_delays()     # validates the spec
+    profile_window(c.profile_steps)
     c.data_fractions()
     _check_capabilities(c)
 

@@ -3,6 +3,8 @@
 The adapter writes its framework's files into a temporary folder; this module adds
 `meta.json` (progress plus a sha256 of every file), then renames the folder into place, so a
 reader sees a whole checkpoint or none. `latest()` checks the hashes before anything is loaded.
+`Background` runs one such save at a time in a thread (`checkpoint_async`): the same folder, the same
+rename, so a writer killed mid-save leaves the checkpoints before it as they were.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -171,3 +175,52 @@ def latest(directory: str | os.PathLike) -> tuple[Path, dict]:
         raise ToolkitError(f"--resume: no checkpoint in {directory}; run once without --resume "
                            f"(with --checkpoint-dir {directory}) first")
     return found[-1], verify(found[-1])
+
+
+def path_of(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / f"{PREFIX}{step:08d}"
+
+
+class Background:
+    """One save at a time in a thread, while training goes on. `submit` waits for the save before it; `wait`
+    returns when the last one is written and raises its error (a one-line ToolkitError for a folder that cannot
+    take it). The thread is not a daemon: a process that exits (or is stopped by SIGTERM's checkpoint) finishes
+    writing first; an error no `wait` reported is printed as one line at exit."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, save: Callable[[], object]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                save()
+            except BaseException as e:       # kept for wait(), which raises it where training can stop
+                self.error = e
+        self.thread = threading.Thread(target=run, name="toolkit-checkpoint", daemon=False)
+        self.thread.start()
+        if not getattr(self, "_reports", False):
+            import atexit
+            atexit.register(self._report)
+            self._reports = True
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def _report(self) -> None:
+        try:
+            self.wait()
+        except BaseException as e:
+            print(f"toolkit: error: {e}", file=sys.stderr)
+
