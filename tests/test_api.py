@@ -86,9 +86,11 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_onc
     # deterministic; a run that stopped there saved the same files), so the resume starts from a copy of it.
     # torch and Keras 3: every batch gets noise from Python's, numpy's and the framework's generators, which
     # the checkpoint keeps per rank (MXNet's generator cannot be read back: its resume reseeds, said once)
+    # The whole run saves in the background (checkpoint_async) while its step 11 onwards train: the checkpoint
+    # holds step 10's state, so the resume still ends where the whole run did.
     noise = [] if fw == "mxnet" else ["--random"]
     whole = user_loop(fw, tmp_path / "whole.json", "--epochs", "2", "--save-at", "10",
-                      "--checkpoint-dir", tmp_path / "a", *noise)
+                      "--checkpoint-dir", tmp_path / "a", "--set", "checkpoint_async=true", *noise)
     assert len([p for p in (tmp_path / "a").iterdir() if p.name.startswith("ckpt-")]) == 1
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     rest = user_loop(fw, tmp_path / "rest.json", "--epochs", "2", "--checkpoint-dir", tmp_path / "b", "--resume",

@@ -164,20 +164,75 @@ def test_toolkit_shards_shows_a_bar_of_samples_on_a_terminal_only(tmp_path):
     assert piped.stdout.startswith("toolkit shards: ") and len(piped.stdout.splitlines()) == 1, piped.stdout
 
 
+def assert_profiled(folder: Path, steps: int | None) -> None:
+    """Both ranks' Chrome traces in `folder` (with `steps`: exactly that many optimizer steps in each, torch's
+    `Optimizer.step#...` ranges), and `toolkit profile merge` joining them, one named process row per rank."""
+    from toolkit.run import profile
+    found = profile.traces(folder)
+    assert sorted(found) == [0, 1], sorted(folder.iterdir())
+    for path in found.values():
+        events = json.loads(path.read_text())["traceEvents"]
+        assert len(events) > 10, path
+        if steps is not None:
+            ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                            if e.get("name", "").startswith("Optimizer.step#") and e.get("ph") == "X")
+            outer, end = 0, float("-inf")       # Horovod's step runs torch's inside it: count the outer ranges
+            for start, stop in ranges:
+                if start >= end:
+                    outer, end = outer + 1, stop
+            assert outer == steps, ranges
+    proc = run([sys.executable, "-m", "toolkit", "profile", "merge", folder], timeout=60)
+    assert proc.returncode == 0 and "2 ranks' traces merged" in proc.stdout, proc.stdout + proc.stderr
+    merged = json.loads((folder / profile.MERGED).read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in merged if e.get("name") == "process_name"}
+    assert {n.split(" (")[0] for n in names.values()} == {"rank 0", "rank 1"}, names
+    assert {e["pid"] for e in merged} == set(names), "every event in a process row of its rank"
+
+
 def test_flops_per_sample_and_mfu_of_a_known_model(tmp_path):
     """torch's FLOP counter over the built-in MLP (64 -> 32 -> 32 -> 10 on digits) gives exactly the matmuls'
     count, three forward passes a training sample; with `peak_tflops` the summary and every metrics line get
     mfu = FLOPs a sample x samples/s / devices / peak; nothing the training computes changes (tests/
-    test_distributed's digests, benchmarks/digest_matrix.py)."""
+    test_distributed's digests, benchmarks/digest_matrix.py). The same job profiles steps 3 to 6 on each rank
+    (torch.profiler), and the two traces merge into one timeline."""
     from tests.conftest import train_job
     out = train_job("gloo", [*digits("torch"), "--hidden-size", "32", "--hidden-layers", "2", "--epochs", "1",
-                             "--peak-tflops", "0.002", "--log-dir", tmp_path, "--quiet"])
+                             "--peak-tflops", "0.002", "--log-dir", tmp_path, "--quiet",
+                             "--profile-dir", tmp_path / "prof", "--profile-steps", "3:7"])
+    assert_profiled(tmp_path / "prof", steps=4)
     forward = 2 * (64 * 32 + 32 * 32 + 32 * 10)
     assert out["flops_per_sample"] == 3 * forward, out
     assert out["mfu"] == pytest.approx(3 * forward * out["samples_per_sec"] / 2 / 2e9, rel=1e-12), out
     assert "tokens_per_sec" not in out
     (epoch,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert epoch["flops_per_sample"] == 3 * forward and epoch["mfu"] > 0, epoch
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "mxnet"])
+def test_each_rank_writes_its_profile_of_the_steps_asked(framework, tmp_path):
+    """profile_dir on 2 ranks: MXNet's profiler writes each rank's Chrome trace (merged as torch's are);
+    TensorFlow's writes each rank's XPlane file under rank{R}/ for TensorBoard, which the merge names."""
+    from tests.conftest import train_job
+    prof = tmp_path / "prof"
+    out = train_job("gloo", [*digits(framework), "--epochs", "1", "--quiet", "--profile-dir", prof,
+                             "--profile-steps", "2:4"], timeout=240)
+    assert out["steps"] > 4, out
+    if framework == "mxnet":
+        assert_profiled(prof, steps=None)
+        return
+    for rank in (0, 1):
+        assert list((prof / f"rank{rank}").glob("plugins/profile/*/*.xplane.pb")), sorted(prof.rglob("*"))
+    proc = run([sys.executable, "-m", "toolkit", "profile", "merge", prof], timeout=60)
+    assert proc.returncode != 0 and "TensorBoard's profile plugin" in proc.stderr, proc.stderr
+
+
+def test_profile_steps_is_checked():
+    from toolkit.config import load
+    from toolkit.errors import ToolkitError
+    for bad in ("5", "5:5", "a:b", "-1:3"):
+        with pytest.raises(ToolkitError, match=r"profile_steps=.*expected START:END"):
+            load(dict(profile_dir="p", profile_steps=bad))
+    assert load(dict(profile_steps="0:1")).profile_steps == "0:1"
 
 
 def test_a_gpus_peak_is_known_by_name():
