@@ -335,7 +335,7 @@ class Session(TensorWork):
     def train_step(self, batches: Sequence[Any]) -> float:
         """One optimizer step on `accumulation_steps` micro-batches with the setup model and loss: the
         local mean loss (a host value; the built-in trainer's step). Batches `(x, y)` in every framework, or of
-        any structure (adapters/batches.py: a dict, a triple, ...) in torch, Keras 3 and MXNet."""
+        any structure (adapters/batches.py: a dict, a triple, ...) in torch, Keras 3 and MXNet (not tf-keras)."""
         other = next((b for b in batches if not batches_module.is_pair(b)), None) if not self.any_batch else None
         if other is not None:
             raise ToolkitError(f"session.train_step(batches): {self.config.framework} takes (x, y) micro-batches, "

@@ -88,6 +88,11 @@ def load(config):
     return torch.utils.data.Subset(data, range(384)), torch.utils.data.Subset(data, range(384, 512))
 
 
+def plain(config):    # tests/user_code.py's model without its BatchNorm, for TensorFlow's MirroredStrategy
+    import keras
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.ReLU(), keras.layers.Dense(4)])
+
+
 def loss(outputs, batch):
     assert isinstance(batch, (tuple, list)) and len(batch) == 3, type(batch)
     x, y, w = batch
@@ -104,16 +109,31 @@ def loss(outputs, batch):
 """
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow", "mxnet"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "tensorflow-native", "mxnet"])
 def test_the_built_in_script_hands_a_triple_batch_to_the_users_loss(framework, tmp_path):
-    """Batches (x, y, weight) and the module's `loss(outputs, batch)`, in every framework (Keras 3 on Horovod):
-    the step and the held-out loss are that loss of the whole batch (weights all 0: both exactly 0, which
-    cross-entropy never is)."""
+    """Batches (x, y, weight) and the module's `loss(outputs, batch)`, in every framework (Keras 3 on Horovod and
+    on TensorFlow's MirroredStrategy, 2 logical devices splitting each leaf, its evaluation in one process's two
+    shares): the step and the held-out loss are that loss of the whole batch (weights all 0: both exactly 0,
+    which cross-entropy never is)."""
     module = tmp_path / "triples.py"
     module.write_text(TRIPLES.format(root=str(ROOT)))
-    out = train_job("single", ["--framework", framework, "--model", f"{module}:build", "--dataset", f"{module}:load",
-                               "--epochs", "1", "--batch-size", "32"])
-    assert out["final_loss"] == 0.0 and out["accuracy"] is None and out["steps"] == 384 // 32, out
+    native = ["--backend", "native", "--strategy", "mirrored", "--num-devices", "2"] if "native" in framework else []
+    build = "plain" if native else "build"
+    out = train_job("single", ["--framework", framework.split("-")[0], *native, "--model", f"{module}:{build}",
+                               "--dataset", f"{module}:load", "--epochs", "1", "--batch-size", "32"])
+    assert out["final_loss"] == 0.0 and out["accuracy"] is None and out["steps"] == 384 // (32 * out["world_size"]), out
+
+
+def test_a_tf_data_held_out_set_is_evaluated_whole_on_two_local_replicas(tmp_path):
+    """MirroredStrategy on 2 logical devices in one process, tests/user_code.py's tf.data datasets: evaluation
+    reads the process's two shares of the 128 held-out samples in the sampler's batches (zipping the shares
+    gave half as many batches, and the epoch's evaluation stopped on StopIteration)."""
+    module = tmp_path / "plain.py"
+    module.write_text(TRIPLES.format(root=str(ROOT)).split("\ndef loss(")[0])      # the model, no loss beside it
+    out = train_job("single", ["--framework", "tensorflow", "--backend", "native", "--strategy", "mirrored",
+                               "--num-devices", "2", "--model", f"{module}:plain", "--dataset",
+                               f"{ROOT / 'tests' / 'user_code.py'}:load", "--epochs", "1", "--batch-size", "32"])
+    assert out["steps"] == 384 // 64 and (out["accuracy"] * 128) == pytest.approx(round(out["accuracy"] * 128)), out
 
 
 def test_torchs_own_scheduler_steps_the_optimizer_setup_returns(tmp_path):

@@ -89,6 +89,24 @@ def test_transformer_lm_loss_falls_on_a_text_file(framework, tmp_path):
     assert ("flops_per_sample" in out) == (framework == "torch") and "mfu" not in out, out    # no peak on a CPU
 
 
+@pytest.mark.parametrize("engine", ["horovod bf16", "native mirrored"])
+def test_keras_lm_embedding_gradients_accumulate_decay_and_compress(engine, tmp_path):
+    """The Keras LM's embedding gradient (TensorFlow's IndexedSlices) made dense where the step computes it: with
+    accumulation 2 and weight decay, through the toolkit's bf16 exchange on 2 Horovod ranks and through
+    MirroredStrategy on 2 logical devices, the job trains (it failed on `IndexedSlices + IndexedSlices`)."""
+    corpus = text_file(tmp_path / "corpus.txt", repeats=10)
+    how = (["--compression", "bf16"] if engine.startswith("horovod") else
+           ["--backend", "native", "--strategy", "mirrored", "--num-devices", "2"])
+    out = train_job("gloo" if engine.startswith("horovod") else "single",
+                    ["--framework", "tensorflow", "--model", "transformer_lm", "--dataset", f"text:{corpus}",
+                     "--context", "16", "--hidden-size", "32", "--hidden-layers", "1", "--heads", "4", "--epochs", "1",
+                     "--batch-size", "8", "--accumulation-steps", "2", "--weight-decay", "0.01", "--quiet", *how])
+    assert out["steps"] > 0 and math.isfinite(out["final_loss"]), out
+    if engine.startswith("horovod"):
+        assert_replicas(out)
+        assert out["compression"] == "bf16", out
+
+
 def test_cifar10_python_batches(tmp_path):
     """CIFAR-10's python format from a local folder (no download), ResNet-18, 2 ranks."""
     folder = cifar_folder(tmp_path / "cifar-10-batches-py")

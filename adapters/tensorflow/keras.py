@@ -73,6 +73,13 @@ def load_arrays(path: Path) -> list:
         return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
+def dense(grads: list) -> list:
+    """Gradients with an embedding's (IndexedSlices: the rows a batch touched) made dense, as Horovod's
+    `sparse_as_dense=True` does: accumulation, weight decay, fp16's unscale, clipping and the toolkit's exchange
+    then treat it as any other gradient. None (a variable the loss did not reach) stays None."""
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
 class KerasSession(Session):
     """Keras 3 parts of a session; subclasses add the steps that reduce gradients (with the strategy)."""
     keras = keras
@@ -120,7 +127,7 @@ class KerasSession(Session):
         return Precision(self.config.precision.value, self.keras)
 
     def _gradients(self, tape, loss, variables):
-        return self.precision.backward(loss, tape, variables)
+        return dense(self.precision.backward(loss, tape, variables))
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
         from toolkit.adapters.tensorflow import models

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class NativeSession(KerasSession):
     name = "tensorflow"
     several_models = False      # steps inside TensorFlow's strategy (train_step, fit): one model's
+    any_batch = True            # the step's batches of any structure (adapters/batches.py), split per replica
     strategy: TensorflowNative
 
     # -- model ------------------------------------------------------------------------------------

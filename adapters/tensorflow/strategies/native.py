@@ -23,10 +23,11 @@ import tensorflow as tf
 
 from toolkit.adapters.horovod import require_gpu_if_asked, threads_per_rank
 from toolkit.adapters.strategy import Strategy
-from toolkit.adapters.tensorflow.keras import set_threads
+from toolkit.adapters.tensorflow.keras import dense, set_threads
 from toolkit.adapters.tensorflow.strategies.common import TensorflowStrategy
 from toolkit.adapters.topology import Topology
 from toolkit.config import Op, TfStrategy
+from toolkit.data.batch import leading_size
 from toolkit.errors import ToolkitError
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -121,12 +122,12 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         scale = 1.0 / replicas if session.config.op is Op.AVERAGE else 1.0
         weight_decay = session.config.weight_decay / replicas     # summed over replicas: + wd * w, once
 
-        def replica_step(x, y):
+        def replica_step(batch):
             grads, total = None, 0.0
             for j in range(k):                          # k micro-batches, one reduction
                 with tf.GradientTape() as tape:
-                    loss = session.loss_fn(session.model(x[j], training=True), y[j]) / k
-                g = tape.gradient(loss, [v.value for v in variables])
+                    loss = session._batch_loss(tf.nest.map_structure(lambda a, j=j: a[j], batch)) / k
+                g = dense(tape.gradient(loss, [v.value for v in variables]))
                 grads = g if grads is None else [a + b for a, b in zip(grads, g)]
                 total += loss
             grads = [g * scale + weight_decay * v.value for g, v in zip(grads, variables)]
@@ -134,8 +135,8 @@ class TensorflowNative(TensorflowStrategy, Strategy):
             return total
 
         @tf.function
-        def step(x, y):
-            return self.tf.run(replica_step, args=(x, y))
+        def step(batch):
+            return self.tf.run(replica_step, args=(batch,))
 
         self._step = step
 
@@ -154,17 +155,18 @@ class TensorflowNative(TensorflowStrategy, Strategy):
                                     args=(value,), group=False)
 
     def train_step(self, session, batches) -> float:
+        """`batches`: k micro-batches of any one structure ((x, y), a triple, a dict); each leaf stacked to
+        [k, b * replicas, ...], replica i owning [i*b:(i+1)*b] of every leaf."""
         local = self.replicas
-        b = int(batches[0][0].shape[0]) // local
-        x = np.stack([np.asarray(bx) for bx, _ in batches])   # [k, b * replicas, ...]: replica i owns [i*b:(i+1)*b]
-        y = np.stack([np.asarray(by) for _, by in batches])
+        b = leading_size(batches[0]) // local
+        stacked = tf.nest.map_structure(lambda *leaves: np.stack([np.asarray(a) for a in leaves]), *batches)
         first = self.rank * local
 
         def per_replica(a):
             return self.tf.experimental_distribute_values_from_function(
                 lambda ctx: tf.constant(a[:, (ctx.replica_id_in_sync_group - first) * b:][:, :b]))
 
-        losses = self._step(per_replica(x), per_replica(y))
+        losses = self._step(tf.nest.map_structure(per_replica, stacked))
         return float(np.mean([t.numpy() for t in self.tf.experimental_local_results(losses)]))
 
     # -- collectives over processes, through the strategy's own all-reduce -------------------------
