@@ -45,15 +45,9 @@ def batches(data, plan, sampler):
     if sampler.train and sampler.shuffle:
         ds = ds.shuffle(min(sampler.n, SHUFFLE_BUFFER), seed=sampler.seed + 1_000_003 * (sampler.epoch + 1),
                         reshuffle_each_iteration=False)
-    if sampler.train:
-        shards = [ds.shard(world, r).batch(b, drop_remainder=True) for r in sampler.replicas]
-        ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(
-            lambda *parts: tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *parts))
-    else:   # evaluation: this process's replicas' shares one after the other, in batches of b (the sampler's plan)
-        mine = ds.shard(world, sampler.replicas[0])
-        for r in sampler.replicas[1:]:
-            mine = mine.concatenate(ds.shard(world, r))
-        ds = mine.batch(b)
+    shards = [ds.shard(world, r).batch(b, drop_remainder=sampler.train) for r in sampler.replicas]
+    ds = shards[0] if len(shards) == 1 else tf.data.Dataset.zip(tuple(shards)).map(
+        lambda *parts: tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *parts))
     done = sampler.position // (b * world) if sampler.train else 0     # micro-batches already trained
     try:
         yield from ds.skip(done).take(len(plan)).prefetch(tf.data.AUTOTUNE)

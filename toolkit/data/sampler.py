@@ -104,9 +104,10 @@ class Sampler:
         Evaluation: this replica's batches, one micro-batch a step. The position does not move."""
         import numpy as np
         order = self.order()
-        if not self.train:
-            mine = np.concatenate([order[r::self.world] for r in self.replicas])
-            return [[mine[start:start + self.batch_size]] for start in range(0, len(mine), self.batch_size)]
+        if not self.train:      # each batch: this process's replicas' next b samples one after the other
+            shares, b = [order[r::self.world] for r in self.replicas], self.batch_size
+            return [[np.concatenate([share[start:start + b] for share in shares])]
+                    for start in range(0, self.steps_per_epoch * b, b)]
         out, position = [], self.position
         while steps_left(self.n, position, self.world, self.batch_size, self.k):
             out.append(step_indices(order, position, self.batch_size, self.k, self.world, self.replicas))
