@@ -124,3 +124,30 @@ def assert_every_sample_once(records, n):
     counts = Counter(i for r in records for i in r["seen"])
     epochs = set(counts.values())
     assert len(counts) == n and len(epochs) == 1, f"{n - len(counts)} samples unseen, counts {sorted(epochs)}"
+
+
+def kill_writers(script: str, folder, trials: int, pause: tuple[float, float], seed: int = 0) -> int:
+    """`python -c script folder`, `trials` times, killed with SIGKILL `pause` seconds (uniform, seeded) after its
+    first line: the newest checkpoint in `folder` verifies after every kill. Returns how many kills landed inside
+    a save (a hidden folder left behind)."""
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import ROOT, clean_env
+    from toolkit.run import checkpoint
+    rng = random.Random(seed)
+    inside = 0
+    for _ in range(trials):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(folder)], cwd=ROOT, env=clean_env(),
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline(), "the writer ended before its first checkpoint"
+        time.sleep(rng.uniform(*pause))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        inside += any(p.name.startswith(".") for p in folder.iterdir())
+        path, meta = checkpoint.latest(folder)      # raises if the newest is corrupt or half-written
+        assert path.name == f"ckpt-{meta['step']:08d}"
+    return inside
+

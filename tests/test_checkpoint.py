@@ -87,26 +87,9 @@ def test_kill_9_during_writes_never_leaves_a_corrupt_latest(tmp_path):
     """20 writers killed with SIGKILL at random moments: the newest checkpoint always verifies, and
     the next save clears what the dead writer left. At least one kill must land inside a save (a
     temporary or hidden folder left behind), or the test proved nothing."""
-    import random
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import ROOT, clean_env
-    rng = random.Random(0)
+    from tests.helpers import kill_writers
     folder = tmp_path / "ckpt"
-    interrupted = 0
-    for trial in range(20):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], cwd=ROOT, env=clean_env(),
-                                stdout=subprocess.PIPE, text=True)
-        proc.stdout.readline()                  # at least one checkpoint exists
-        time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        interrupted += any(p.name.startswith(".") for p in folder.iterdir())   # killed mid-save
-        path, meta = checkpoint.latest(folder)   # raises if the newest is corrupt or half-written
-        assert path.name == f"ckpt-{meta['step']:08d}"
+    interrupted = kill_writers(WRITER, folder, trials=20, pause=(0.0, 0.3))
     assert interrupted >= 1, "no kill landed inside a save: the test exercised nothing"
     print(f"{interrupted} of 20 kills landed inside a save")
     leftovers = [p.name for p in folder.iterdir() if p.name.startswith(".")]

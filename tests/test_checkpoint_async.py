@@ -4,14 +4,11 @@ atomic folders (a writer killed mid-save leaves the checkpoints before it loadab
 load and the session's close wait for the write. The resume in every framework after an async save:
 tests/test_api.py's mid-epoch resume."""
 import json
-import random
-import signal
 import subprocess
 import sys
-import time
 
 from tests.conftest import ROOT, clean_env
-from toolkit.run import checkpoint
+from tests.helpers import kill_writers
 
 HELD = """
 import json, sys, threading, torch, toolkit
@@ -64,17 +61,5 @@ for step in range(10**6):
 def test_a_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_path):
     """A loop that saves in the background after every step, killed with SIGKILL at random moments: the newest
     checkpoint always verifies. Most kills land inside a write (a hidden folder left): at least one must."""
-    rng = random.Random(0)
-    folder = tmp_path / "ckpt"
-    inside = 0
-    for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], cwd=ROOT, env=clean_env(),
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "saved"
-        time.sleep(rng.uniform(0.05, 0.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        inside += any(p.name.startswith(".") for p in folder.iterdir())
-        path, meta = checkpoint.latest(folder)      # raises if the newest is corrupt or half-written
-        assert path.name == f"ckpt-{meta['step']:08d}"
+    inside = kill_writers(WRITER, tmp_path / "ckpt", trials=4, pause=(0.05, 0.5))
     assert inside >= 1, "no kill landed inside a save: the test exercised nothing"

@@ -299,7 +299,9 @@ class MxnetSession(DeferredShapes, Session):
 
     def to_float(self, value) -> float:
         """A host float; a loss of one value per sample (Gluon's losses): its mean."""
-        return float(value.mean().asscalar()) if hasattr(value, "asscalar") else float(value)
+        if not hasattr(value, "asscalar"):
+            return float(value)
+        return float((value if value.size == 1 else value.mean()).asscalar())   # no extra op for one value
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def _save_objects(self, folder: Path) -> None:

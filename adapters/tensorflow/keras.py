@@ -302,6 +302,8 @@ class KerasSession(Session):
         return np.array([loss, 0, int(tf.shape(y)[0]), 1], np.float64)
 
     def to_float(self, value) -> float:
+        if len(getattr(value, "shape", ())) == 0:   # one value (the step's loss and norm): no extra op
+            return float(value)
         return float(tf.reduce_mean(value))      # a loss of one value per sample: its mean
 
     # -- checkpoints, elastic ------------------------------------------------------------------------------
