@@ -734,6 +734,23 @@ def test_torchruns_failure_report_becomes_the_failed_ranks_lines_and_its_exit_co
     assert relay(TORCHRUN_FAILURE[:2], 0) == (0, ["[0]<stdout>:sum 3 0 2", "[1]<stdout>:sum 3 1 2"], [])
 
 
+def test_torchruns_pieces_of_two_ranks_lines_on_one_line_come_out_as_each_ranks_whole_line():
+    """Seen in CI: torchrun's tail threads copy a line's start as soon as a rank has written it (an
+    unbuffered `print` writes word by word), each piece under the rank's tag, so rank 0's `sum` and
+    rank 1's whole line shared one line and rank 0's rest came on the next."""
+    import io
+
+    from toolkit.launch.output import Relay
+    out, err = io.StringIO(), io.StringIO()
+    r = Relay(out, err)
+    for text in ["[0]<std>:sum[1]<std>:sum 3 1 2\n", "[0]<std>: 3 0 2\n", "[1]<std>:last[0]<std>:x[0]<std>:y\n",
+                 "[0]<std>:no newline at the end"]:
+        r.line(text, out)
+    assert r.finish(0) == 0
+    assert out.getvalue().splitlines() == ["[1]<stdout>:sum 3 1 2", "[0]<stdout>:sum 3 0 2", "[0]<stdout>:xy",
+                                           "[0]<stdout>:no newline at the end", "[1]<stdout>:last"]
+
+
 def test_the_ssh_port_probe_follows_sshs_configuration(tmp_path, monkeypatch):
     """`ssh -G` says where a host's ssh really is; a host behind a ProxyJump/ProxyCommand is left to
     ssh. A stand-in ssh points `farhost` at a closed port on loopback."""

@@ -33,6 +33,7 @@ from toolkit.messages import line
 
 TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 TORCHRUN_TAG = re.compile(r"^\[(\d+)\]<std>:")     # launcher.TORCHRUN_TAG, which does not say the stream
+TORCHRUN_PIECE = re.compile(r"\[(\d+)\]<std>:")    # the same tag anywhere in a line: pieces of two ranks' lines
 TORCHRUN_LOG = r"[WE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/"    # torchrun's own warnings and errors
 SSH_SAID = re.compile(r"^(ssh: |(\S+: )?Permission denied \(|Host key verification failed)")   # ssh's lines
 HOLD_FROM = re.compile(r"^(Traceback \(most recent call last\):|Exception in thread |-{20,}\s*$|"
@@ -65,9 +66,35 @@ class Relay:
         self.failed_rank: str | None = None
         self.rank_code: int | None = None
         self.root_cause = False
+        self.pieces: dict[tuple[IO[str], str], str] = {}    # (stream, rank): the start of a torchrun rank's line
 
     def line(self, text: str, stream: IO[str], rank: int | None = None) -> None:
         """One line of the launcher's (`rank` None) or of a worker the toolkit started itself."""
+        if rank is None and TORCHRUN_TAG.match(text):
+            for whole in self._torchrun_lines(text, stream):
+                self._line(whole, stream, None)
+        else:
+            self._line(text, stream, rank)
+
+    def _torchrun_lines(self, text: str, stream: IO[str]) -> list[str]:
+        """torchrun's tail threads copy whatever a rank's log file holds, a line's start too (a rank's
+        `print` writes its words one by one when unbuffered), each piece under the rank's tag, so two
+        ranks' pieces can share a line (`[0]<std>:sum[1]<std>:sum 3 1 2`, then `[0]<std>: 3 0 2`): the
+        whole lines, each rank's pieces joined, as the rank wrote them."""
+        tags = list(TORCHRUN_PIECE.finditer(text))
+        whole = []
+        with self.lock:
+            for i, tag in enumerate(tags):
+                key = (stream, tag.group(1))
+                piece = text[tag.end():tags[i + 1].start() if i + 1 < len(tags) else len(text)]
+                piece = self.pieces.pop(key, "") + piece
+                if i + 1 < len(tags):           # cut off by another rank's piece: the rest comes later
+                    self.pieces[key] = piece
+                else:
+                    whole.append(tag.group(0) + piece)
+        return whole
+
+    def _line(self, text: str, stream: IO[str], rank: int | None) -> None:
         with self.lock:
             text = ENGINE_PREFIX.sub("", text)
             if m := ENGINE_EXIT.match(text):
@@ -117,6 +144,9 @@ class Relay:
 
     def finish(self, returncode: int) -> int:
         """After the launcher exited: settle what was held back; the job's exit code."""
+        for (stream, rank), piece in list(self.pieces.items()):    # a rank's last words without a newline
+            self._line(f"[{rank}]<std>:{piece}", stream, None)
+        self.pieces.clear()
         if returncode == 0 or not self.held:
             for stream, text in self.held:
                 self._write(stream, text)
