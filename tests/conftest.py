@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = [sys.executable, str(ROOT / "examples" / "train.py")]
 BIN = Path(sys.executable).parent
 FRAMEWORKS = ["torch", "tensorflow", "mxnet"]
+if os.environ.get("TOOLKIT_TEST_JOBLOG"):
+    from tests import joblog
+    joblog.install(os.environ["TOOLKIT_TEST_JOBLOG"])
 
 
 # Set by libraries on their first import (scikit-learn, MXNet's OpenMP), not by the code under test.
