@@ -83,6 +83,7 @@ class Session(TensorWork):
         self.skipped_steps = 0
         self.local_digests: list[str] = []
         self._metrics: MetricsLog | None = None
+        self.mlflow_run_id: str | None = None   # the MLflow run a resumed checkpoint names (mlflow_tracking_uri)
         self.profile = NoProfile()      # profile_dir: the framework's profiler over profile_steps (toolkit/run/profile.py)
         # save() and load(), with this framework's files (adapters/checkpointer.py)
         self.checkpoints = Checkpointer(self, self._gather_objects, self._save_objects, self._load_objects,
@@ -491,20 +492,36 @@ class Session(TensorWork):
         return digests
 
     def log(self, step: int, values: dict) -> None:
-        """Rank 0: one line of metrics to metrics.jsonl, TensorBoard and W&B (as the config says)."""
-        if not self.is_main or not (self.config.log_dir or self.config.wandb_project):
-            return
-        if self._metrics is None:
-            from toolkit.run.metrics import MetricsLog
-            self._metrics = MetricsLog(self.config)
-        self._metrics.write(step, values)
+        """Rank 0: one line of metrics to metrics.jsonl, TensorBoard, W&B and MLflow (as the config says)."""
+        writers = self.open_log()
+        if writers is not None:
+            writers.write(step, values)
 
-    def close(self) -> None:
+    def open_log(self) -> MetricsLog | None:
+        """Rank 0, where the config names a writer: the metrics writers, opened (MLflow's run started, or the
+        checkpoint's continued) if not yet; None elsewhere."""
+        from toolkit.run import metrics
+        if not self.is_main or not metrics.wanted(self.config):
+            return None
+        if self._metrics is None:
+            self._metrics = metrics.MetricsLog(self.config, self.mlflow_run_id, self.rank)
+        return self._metrics
+
+    def tracking_state(self) -> dict:
+        """What a checkpoint keeps of rank 0's trackers: the id of its MLflow run, if one is open."""
+        mlflow = self._metrics.mlflow if self._metrics is not None else None
+        return {"mlflow_run_id": mlflow.run_id} if mlflow is not None else {}
+
+    def close(self, summary: dict | None = None) -> None:
+        """The end of training: the profile, the last async checkpoint and the metrics writers finished;
+        `summary` (the built-in script's JSON summary) kept by the trackers that keep one (MLflow's run)."""
         self.profile.close()        # a run that ended inside profile_steps: its trace as far as it went
         self.checkpoints.finish()   # checkpoint_async: the last save written
         self._new_backward()        # several models: reductions no step waited for, finished
+        if summary is not None:
+            self.open_log()
         if self._metrics is not None:
-            self._metrics.close()
+            self._metrics.close(summary)
             self._metrics = None
 
     # -- checkpoints ------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class Checkpointer:
         self.gather()                                            # a collective where the state is sharded
         generators = session.allgather_object(session.random_state(), name="toolkit.random")
         meta = {**progress, "loaders": [loader.state_dict() for loader in session.loaders]}
+        meta.update(session.tracking_state())       # rank 0's MLflow run, continued by a resume
 
         step, keep = session.global_step, session.config.keep_checkpoints
 
@@ -106,6 +107,7 @@ class Checkpointer:
         for loader, state in zip(session.loaders, meta.get("loaders", [])):
             loader.load_state_dict(state)
         session.global_step = int(meta["step"])
+        session.mlflow_run_id = meta.get("mlflow_run_id")
         messages.say(session.rank, f"resumed from {outcome['path']} (step {meta['step']})", session.config.quiet)
         return meta
 

@@ -70,6 +70,15 @@ class LaunchConfig:
     wandb_project: Optional[str] = _f(None, "rank 0 also logs the metrics to this Weights & Biases project "
                                             "(needs `pip install wandb`, the extra horovod-toolkit[wandb]; `make setup` installs the pinned "
                                             "client for the tests, which run it offline; unset = {unset})", unset="off")
+    mlflow_tracking_uri: Optional[str] = _f(None, "rank 0 also logs to MLflow at this tracking URI (http://host:5000 "
+                                                  "for a tracking server, sqlite:///path/mlflow.db, databricks, ...): one "
+                                                  "run per job (a resumed job continues its run), the resolved config as "
+                                                  "params, the per-epoch metrics with their step, summary.json at the end "
+                                                  "(needs `pip install mlflow`, the extra horovod-toolkit[mlflow]); "
+                                                  "unset = {unset}", unset="off")
+    mlflow_experiment: Optional[str] = _f(None, "the MLflow experiment of the run (made when missing); unset = {unset}",
+                                          unset="MLflow's default experiment")
+    mlflow_run_name: Optional[str] = _f(None, "the MLflow run's name; unset = {unset}", unset="a name MLflow makes up")
     peak_tflops: Optional[float] = _f(None, "one device's peak, TFLOP/s, for `mfu` (the model FLOPs a device "
                                             "achieves over its peak); unset = {unset}",
                                       unset="the dense 16-bit peak of a GPU the toolkit knows by name (H100, "
@@ -302,7 +311,8 @@ ORDER = (
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
     "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints", "checkpoint_async",
-    "resume", "preemption_check_every", "log_dir", "wandb_project", "peak_tflops", "profile_dir", "profile_steps",
+    "resume", "preemption_check_every", "log_dir", "wandb_project", "mlflow_tracking_uri", "mlflow_experiment",
+    "mlflow_run_name", "peak_tflops", "profile_dir", "profile_steps",
     "fusion_threshold_mb", "cycle_time_ms",
     "timeline_file", "stall_check_seconds", "elastic_min_np", "elastic_max_np", "elastic_discovery",
     "elastic_commit_every", "uneven_data", "straggler", "allow_cpu", "loader_workers", "quiet", "framework_logs",

@@ -119,6 +119,10 @@ def validate(c) -> None:
     _check_elastic(c)
     c.straggler_delays()     # validates the spec
     profile_window(c.profile_steps)
+    for name in ("mlflow_experiment", "mlflow_run_name"):
+        if getattr(c, name) and not c.mlflow_tracking_uri:
+            raise ConfigError(f"{name} names an MLflow run's place, but nothing logs to MLflow: set "
+                              "mlflow_tracking_uri (--mlflow-tracking-uri URI), or drop it", name, "mlflow_tracking_uri")
     c.data_fractions()
     _check_capabilities(c)
 

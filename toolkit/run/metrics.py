@@ -4,7 +4,9 @@
   small writer with no TensorFlow dependency, so torch and MXNet users get TensorBoard too;
   `tensorboard --logdir <log_dir>` shows them);
 - `wandb_project`: the same scalars to Weights & Biases, when the user installed `wandb` (never
-  required: the toolkit does not install it, and without the key it is not imported).
+  required: the toolkit does not install it, and without the key it is not imported);
+- `mlflow_tracking_uri`: the same scalars to one MLflow run per job (toolkit/run/mlflowrun.py), and the
+  job's summary at the end.
 """
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ def check(config: Config) -> None:
     if config.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ToolkitError(f"wandb_project={config.wandb_project!r} needs Weights & Biases, which is not "
                            "installed; run `.venv/bin/pip install wandb`, or unset wandb_project")
+    if config.mlflow_tracking_uri and importlib.util.find_spec("mlflow") is None:
+        raise ToolkitError(f"mlflow_tracking_uri={config.mlflow_tracking_uri!r} needs MLflow, which is not installed; "
+                           f"{support.install_fix('mlflow==' + pins.TOOLS['mlflow'])}, or unset mlflow_tracking_uri")
+
+
+def wanted(config: Config) -> bool:
+    """Whether rank 0 writes metrics anywhere."""
+    return bool(config.log_dir or config.wandb_project or config.mlflow_tracking_uri)
 
 
 def _summary_writer():
@@ -45,9 +55,12 @@ def _summary_writer():
 
 
 class MetricsLog:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, mlflow_run_id: str | None = None, rank: int = 0):
         self.writer: Any
-        self.folder, self.writer, self.wandb = None, None, None
+        self.folder, self.writer, self.wandb, self.mlflow = None, None, None, None
+        if config.mlflow_tracking_uri:      # first: an unreachable server is one line before any file is made
+            from toolkit.run.mlflowrun import MlflowRun
+            self.mlflow = MlflowRun(config, mlflow_run_id, rank)
         if config.log_dir:
             try:
                 SummaryWriter = _summary_writer()
@@ -72,9 +85,15 @@ class MetricsLog:
             self.writer.flush()
         if self.wandb:
             self.wandb.log({**scalars, "epoch": values.get("epoch")}, step=step)
+        if self.mlflow:
+            epoch = values.get("epoch")
+            self.mlflow.write(step, {**scalars, **({"epoch": epoch} if isinstance(epoch, (int, float)) else {})})
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
+        """`summary`: the job's (the built-in script's), kept by the trackers that keep one (MLflow)."""
         if self.writer:
             self.writer.close()
         if self.wandb:
             self.wandb.finish()
+        if self.mlflow:
+            self.mlflow.close(summary)

@@ -47,6 +47,7 @@ def run(config: Config) -> dict:
     data = datasets.datasets(config, session)
     initial_digests, train_loader, eval_loader = pipeline.prepare(config, session, data)
     meta = pipeline.resume(session, config)
+    session.on_main(session.open_log, name="toolkit.metrics_open")   # an MLflow server out of reach: one line
     delays, fractions = config.straggler_delays(), config.data_fractions()
     measured: dict[str, Any] = {}       # FLOPs and tokens of one sample, from the first step's batch
     peak = throughput.peak(config.peak_tflops, session.device_name())
@@ -161,7 +162,6 @@ def run(config: Config) -> dict:
         state = types.SimpleNamespace(**progress)
         train(state)
 
-    session.close()
     accuracy = state.accuracy
     if accuracy is None and not state.trained:
         _, accuracy = session.evaluate(eval_loader)    # resumed at the end: nothing left to train, still measure
@@ -180,4 +180,6 @@ def run(config: Config) -> dict:
                  "skipped_steps": session.skipped_steps})
     if config.elastic:
         summary["elastic"] = {"world_sizes": state.world_sizes, "resets": state.resets}
+    # the last async checkpoint written; MLflow's run keeps the summary as printed (the rank is the printer's)
+    session.close({k: v for k, v in summary.items() if k != "rank"})
     return summary
