@@ -450,7 +450,7 @@ class Session(TensorWork):
         the NaN guard's last check first: nothing is measured or saved from a broken step."""
         import numpy as np
         self.guard.settle()
-        if self.size == 1:
+        if self.size == 1 and self.replicas == 1:     # a process's several replicas (MirroredStrategy) also drift
             return
         for i, part in enumerate(self.parts or [self._part]):
             with self._using(part):

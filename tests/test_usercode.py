@@ -124,16 +124,18 @@ def test_the_built_in_script_hands_a_triple_batch_to_the_users_loss(framework, t
     assert out["final_loss"] == 0.0 and out["accuracy"] is None and out["steps"] == 384 // (32 * out["world_size"]), out
 
 
-def test_a_tf_data_held_out_set_is_evaluated_whole_on_two_local_replicas(tmp_path):
-    """MirroredStrategy on 2 logical devices in one process, tests/user_code.py's tf.data datasets: evaluation
-    reads the process's two shares of the 128 held-out samples in the sampler's batches (zipping the shares
-    gave half as many batches, and the epoch's evaluation stopped on StopIteration)."""
-    module = tmp_path / "plain.py"
-    module.write_text(TRIPLES.format(root=str(ROOT)).split("\ndef loss(")[0])      # the model, no loss beside it
+def test_a_tf_data_held_out_set_is_evaluated_whole_on_two_local_replicas_and_batchnorm_ends_identical():
+    """MirroredStrategy on 2 logical devices in one process, tests/user_code.py's tf.data datasets and its model
+    with BatchNormalization: evaluation reads the process's two shares of the 128 held-out samples in the
+    sampler's batches (zipping the shares gave half as many batches, and the epoch's evaluation stopped on
+    StopIteration); each replica's moving statistics (Keras 3 keeps a copy per replica) are averaged, so the
+    replica check passes (it failed: the process's replicas were not averaged)."""
+    user = ROOT / "tests" / "user_code.py"
     out = train_job("single", ["--framework", "tensorflow", "--backend", "native", "--strategy", "mirrored",
-                               "--num-devices", "2", "--model", f"{module}:plain", "--dataset",
-                               f"{ROOT / 'tests' / 'user_code.py'}:load", "--epochs", "1", "--batch-size", "32"])
+                               "--num-devices", "2", "--model", f"{user}:build", "--dataset", f"{user}:load",
+                               "--epochs", "1", "--batch-size", "32"])
     assert out["steps"] == 384 // 64 and (out["accuracy"] * 128) == pytest.approx(round(out["accuracy"] * 128)), out
+    assert out["world_size"] == 2 and len(set(out["final_digests"])) == 1, out
 
 
 def test_torchs_own_scheduler_steps_the_optimizer_setup_returns(tmp_path):

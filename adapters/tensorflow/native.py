@@ -82,6 +82,13 @@ class NativeSession(KerasSession):
         self.optimizer.learning_rate.assign(lr) if hasattr(self.optimizer.learning_rate, "assign") \
             else setattr(self.optimizer, "learning_rate", lr)
 
+    def _buffers(self) -> list:
+        """Each statistic (BatchNorm's moving mean and variance: Keras 3 keeps a copy per replica, each
+        updated by its replica's batches) averaged over this process's replicas; sync_buffers averages
+        that over the ranks and assigns it to every replica."""
+        return [np.mean([np.asarray(x) for x in self.strategy.tf.experimental_local_results(v.value)], axis=0)
+                for v in self._statistics()]
+
     def replica_parameters(self) -> list[list]:
         per_variable = [self.strategy.tf.experimental_local_results(v.value) for v in self.model.weights]
         return [[np.asarray(values[r]) for values in per_variable] for r in range(self.replicas)]
