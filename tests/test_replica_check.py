@@ -16,7 +16,7 @@ class TwoRanks(Session):
         super().__init__(Config(), strategy=None)     # its one collective is below
         self.mine, self.other = mine, other
 
-    size = 1        # sync_buffers: nothing to average
+    size = replicas = 1     # sync_buffers: nothing to average (one rank, one replica in it)
 
     def replica_parameters(self):
         return [self.mine]
