@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from toolkit import messages
 from toolkit.errors import ToolkitError
@@ -67,11 +67,7 @@ class MlflowRun:
                     experiment = self._experiment(config.mlflow_experiment)
                     run = self.client.create_run(experiment, run_name=config.mlflow_run_name)
                     self.run_id, self.resumed = run.info.run_id, False
-                    params = [Param(k, str(v)[:6000]) for k, v in config.to_dict().items()]
-                    for i in range(0, len(params), BATCH):
-                        self.client.log_batch(self.run_id, params=params[i:i + BATCH])
-        except ToolkitError:
-            raise
+                    self._log_batches(params=[Param(k, str(v)[:6000]) for k, v in config.to_dict().items()])
         except Exception as e:      # MlflowException, a refused file store, a bad scheme: one line
             raise ToolkitError(f"mlflow_tracking_uri={uri!r}: {_said(e)}") from None
 
@@ -94,9 +90,12 @@ class MlflowRun:
     def write(self, step: int, scalars: dict[str, float]) -> None:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in scalars.items()]
-        for i in range(0, len(metrics), BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+        self._log_batches(metrics=[Metric(k, float(v), now, step) for k, v in scalars.items()])
+
+    def _log_batches(self, params: Sequence = (), metrics: Sequence = ()) -> None:
+        """Params and metrics in log_batch requests of at most BATCH of each."""
+        for i in range(0, max(len(params), len(metrics)), BATCH):
+            self.client.log_batch(self.run_id, params=params[i:i + BATCH], metrics=metrics[i:i + BATCH])
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if summary is not None:
