@@ -2,10 +2,10 @@
 
 At the first `session.setup()` (the model's gradient size is known, nothing is wrapped yet), every rank:
 
-1. **Probes the links** (`probe`): float32 allreduces of 64 KiB and 4 MiB among the ranks of its host and among
-   the ranks of its local rank across hosts (one host, or one rank a host: among every rank); a link (latency,
-   bandwidth) is fitted to each level (toolkit/planner/calibration.py's terms). They are reported, and explain
-   the choice; they do not make it.
+1. **Probes the links** (`probe`): float32 allreduces of 64 KiB and 4 MiB (the fastest of several runs each, as
+   many as take half a second) among the ranks of its host and among the ranks of its local rank across hosts
+   (one host, or one rank a host: among every rank); a link (latency, bandwidth) is fitted to each level
+   (toolkit/planner/calibration.py's terms). They are reported, and explain the choice; they do not make it.
 2. **Times each candidate's exchange** (`measure`) on a gradient of the model's size (at most `CAP` values; a
    larger gradient's times are scaled by its size), through the code that then runs: the backend's own
    allreduce for none, fp16 (a float16 allreduce and a cast each way; DDP's fp16 and bf16 hooks on native), and
@@ -145,14 +145,19 @@ def _slowest(session, times: list) -> list:
     return [max(column) for column in zip(*session.allgather_object(times, name="toolkit.auto.times"))]
 
 
-def _fastest(run, rounds: int = ROUNDS) -> float:
-    """The fastest of `rounds` timed runs after one untimed."""
+def _fastest(session, run) -> float:
+    """Collective: the fastest of the timed runs of `run` after one untimed: ROUNDS, or as many as take MIN_SECONDS
+    (at most MAX_ROUNDS), as many on every rank (the untimed run's slowest rank decides). A quick collective's
+    single runs are jitter (the cores' other ranks, Horovod's cycle): measured inside a host of the 2 x 2 test, the
+    fastest of 3 ranged 98 MB/s to 2.3 GB/s over three jobs."""
+    start = time.perf_counter()
+    run()
+    first = max(session.allgather_object(time.perf_counter() - start, name="toolkit.auto.probe"))
     best = float("inf")
-    for r in range(rounds + 1):
+    for _ in range(int(min(MAX_ROUNDS, max(ROUNDS, MIN_SECONDS / max(first, 1e-6))))):
         start = time.perf_counter()
         run()
-        if r:
-            best = min(best, time.perf_counter() - start)
+        best = min(best, time.perf_counter() - start)
     return best
 
 
@@ -168,7 +173,7 @@ def probe(session, shape: tuple[int, int]) -> Probe:
         for size in SIZES:
             data = np.ones(size // 4, np.float32)
             timed.append((level, size, n))
-            times.append(_fastest(lambda: group.allreduce(data, average=False)))
+            times.append(_fastest(session, lambda: group.allreduce(data, average=False)))
     samples: dict[str, list] = {}
     for (level, size, n), seconds in zip(timed, _slowest(session, times)):
         samples.setdefault(level, []).append(calibration.Sample("allreduce", n, size, seconds))
