@@ -8,10 +8,13 @@ session's hooks, handed in by the session (adapters/framework.py: gather, write 
            write stops every rank with the same line); `checkpoint_async`: rank 0 copies the framework's
            state into memory and writes it in a background thread (toolkit/run/checkpoint.py `Background`)
            while training goes on; the next save, a load and `finish` (the session's close) wait for it, and
-           its error stops every rank there
+           its error stops every rank there; `checkpoint_format: sharded` on torch.distributed: rank 0 makes
+           the temporary folder, every rank writes its shards into it (adapters/torch/sharded.py), then rank 0
+           adds its files and renames it into place as for every checkpoint
     load   rank 0 verifies and reads the newest checkpoint, the outcome (or the error) broadcast first,
            then the same broadcast as at setup shares it, and each rank takes its random generators
-           back; elastic (`collective=False`): rank 0 alone
+           back; elastic (`collective=False`): rank 0 alone. A sharded checkpoint on torch.distributed: every
+           rank reads its own shards instead of the broadcast
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Callable
 
 from toolkit import messages
 from toolkit.adapters import randomness
+from toolkit.config import CheckpointFormat
 from toolkit.errors import ToolkitError
 from toolkit.run import checkpoint
 
@@ -55,6 +59,15 @@ class Checkpointer:
                 randomness.write(folder, generators)
             return write
 
+        if session.config.checkpoint_format is CheckpointFormat.SHARDED:
+            meta["checkpoint_format"] = CheckpointFormat.SHARDED.value
+            if session.shards_on_every_rank:     # rank 0 makes the folder, every rank writes its shards into it
+                begun = session.on_main(lambda: str(checkpoint.begin(directory, step)), name="toolkit.checkpoint_error")
+                begun = Path(session.broadcast_object(begun, name="toolkit.checkpoint_folder") if session.size > 1
+                             else begun)
+                session.write_shards(begun)
+                return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep,
+                                                               begun=begun), name="toolkit.checkpoint_error")
         if not session.config.checkpoint_async:
             return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep),
                                    name="toolkit.checkpoint_error")
@@ -96,7 +109,11 @@ class Checkpointer:
             outcome = session.broadcast_object(outcome, name="toolkit.resume")
             if "error" in outcome:
                 raise ToolkitError(outcome["error"])
-            session.broadcast()
+            if outcome["meta"].get("checkpoint_format") == CheckpointFormat.SHARDED.value and \
+                    session.shards_on_every_rank:
+                session.read_shards(Path(outcome["path"]))      # every rank its own shards, resharded
+            else:
+                session.broadcast()
             note = session.communication.load(outcome["communication"])
             if note:
                 messages.say(session.rank, f"warning: {note}", session.config.quiet)

@@ -212,6 +212,19 @@ class TensorWork(abc.ABC):
     @abc.abstractmethod
     def _load_objects(self, folder: Path) -> None: ...
 
+    @property
+    def shards_on_every_rank(self) -> bool:
+        """checkpoint_format sharded: every rank writes and reads its own shards (torch on torch.distributed)."""
+        return False
+
+    def write_shards(self, folder: Path) -> None:
+        """A collective where `shards_on_every_rank`: this rank's shards of the state into `folder`."""
+        raise NotImplementedError
+
+    def read_shards(self, folder: Path) -> None:
+        """A collective where `shards_on_every_rank`: this rank's shards of the state from `folder`."""
+        raise NotImplementedError
+
     def _inference(self):
         """The context a user's evaluation metric runs in (torch: no_grad)."""
         import contextlib

@@ -618,6 +618,18 @@ MUTANTS = [
            (("adapters/torch/sharding.py", '"optimizer": _keyed(optimizer, _names(part), by_name=False) if optimizer '
              'else None}', '"optimizer": optimizer or None}'),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("sharded-rank0-writes", "a sharded checkpoint on torch.distributed is written by every rank, its own shards",
+           (("adapters/torch/sharded.py", '    return (strategy.name == "native" and getattr(strategy, "sharding", None) '
+             'is not Sharding.ZERO1', '    return False and (strategy.name == "native" and getattr(strategy, '
+             '"sharding", None) is not Sharding.ZERO1'),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("sharded-not-resharded", "every rank reads its shards of a sharded checkpoint, on any number of ranks",
+           (("adapters/torch/sharded.py", "        dcp.load(states, checkpoint_id=str(folder))", "        pass"),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("sharded-whole-unread", "a sharded checkpoint read whole by rank 0 (Horovod, ZeRO, one process)",
+           (("adapters/torch/session.py", "saved = sharded.load_whole(self.parts, self.strategy, folder) if is_sharded",
+             "saved = [] if is_sharded"),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
     Mutant("native-no-join", "uneven data on native joins as Horovod does (DDP's Join)",
            (("adapters/torch/strategies/native.py", "self.join_context = Join([session.model])",
              "self.join_context = Join([session.model], enable=False)"),),

@@ -4,6 +4,7 @@ Real jobs under torchrun, horovodrun and mpirun; every claim that the native bac
 path means is checked as bit-equality of the parameters with the Horovod job of the same config.
 """
 import re
+import shutil
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from tests.conftest import (
     toolkit,
     train_job,
 )
+from tests.helpers import params
 
 pytestmark = pytest.mark.distributed
 DIGITS = ["--framework", "torch", "--dataset", "digits"]
@@ -44,27 +46,51 @@ def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_m
 
 
 def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_path):
-    """One 5-epoch training cut into five jobs, each resuming the one before on another engine: native ->
-    horovod -> native fsdp -> native zero1 -> horovod, ends bit-identical to horovod's uninterrupted run (so
-    each engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`). Adam: both
-    engines start it empty (Horovod's own broadcast would step it once on zero gradients)."""
+    """One 6-epoch training cut into six jobs, each resuming the one before on another engine, sharding or
+    checkpoint format: native -> horovod (writes `sharded`: rank 0 the whole state as DCP files) -> native fsdp
+    (every rank reads its shards) -> native fsdp (writes `sharded`: every rank its own shards) -> native zero1
+    (reads the sharded checkpoint whole) -> horovod, ends bit-identical to horovod's uninterrupted run (so each
+    engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`). Adam: both engines start
+    it empty (Horovod's own broadcast would step it once on zero gradients). The fsdp ranks' sharded checkpoint
+    then resumes on 3 ranks and on one process, and `toolkit export` consolidates it: the same parameters."""
     adam = DIGITS + ["--optimizer", "adam", "--lr", "0.005"]
-    straight = train_job("gloo", adam + ["--epochs", "5"])
-    folder = str(tmp_path / "ckpt")
-    chain = [("native", []), ("gloo", []), ("native", ["--sharding", "fsdp"]), ("native", ["--sharding", "zero1"]),
-             ("gloo", [])]
+    straight = train_job("gloo", adam + ["--epochs", "6"])
+    folder = tmp_path / "ckpt"
+    sharded = ["--checkpoint-format", "sharded"]
+    chain = [("native", []), ("gloo", sharded), ("native", ["--sharding", "fsdp"]),
+             ("native", ["--sharding", "fsdp", *sharded]), ("native", ["--sharding", "zero1"]), ("gloo", [])]
+    outs = []
     for epochs, (launcher, extra) in enumerate(chain, start=1):
-        out = train_job(launcher, adam + ["--epochs", str(epochs), "--checkpoint-dir", folder, *extra] +
+        out = train_job(launcher, adam + ["--epochs", str(epochs), "--checkpoint-dir", folder, "--keep-checkpoints",
+                                          "6", *extra] +
                         (["--resume"] if epochs > 1 else []))
+        outs.append(out)
         assert len(set(out["final_digests"])) == 1, (epochs, out)
         if epochs == 1:     # the first epoch on native from scratch: the replicas start apart, end equal
             assert_replicas(out)
             assert "DistributedDataParallel" in out["path"] and out["backend"] == "native"
         if epochs > 1:
             assert out["resumed_from"] and out["steps_run"] == out["steps"] // epochs, (epochs, out)
-        if extra:
+        if "--sharding" in extra:
             assert {"fsdp": "FSDP2", "zero1": "ZeroRedundancyOptimizer"}[extra[1]] in out["path"], out["path"]
     assert out["param_digest"] == straight["param_digest"]
+    shards = {epochs: sorted(p.name for p in (folder / f"ckpt-{22 * epochs:08d}").glob("*.distcp"))
+              for epochs in (2, 4)}
+    assert shards == {2: ["__0_0.distcp"], 4: ["__0_0.distcp", "__1_0.distcp"]}, shards
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copytree(folder / f"ckpt-{22 * 4:08d}", moved / f"ckpt-{22 * 4:08d}")
+    again = adam + ["--epochs", "4", "--checkpoint-dir", moved, "--resume"]
+    for out in (train_job("native", again, np_=3), train_job("single", again)):
+        assert out["steps_run"] == 0 and out["param_digest"] == outs[3]["param_digest"], out
+    exported = tmp_path / "model.safetensors"       # consolidated without a process group
+    proc = toolkit("export", moved, exported)
+    assert proc.returncode == 0, proc.stderr
+    from safetensors.numpy import load_file
+
+    from toolkit.adapters.topology import digest
+    tensors = load_file(exported)
+    assert digest([tensors[name] for name in params("torch", folder)]) == outs[3]["param_digest"]
 
 
 def test_uneven_data_joins_as_horovod_does_and_bf16_and_powersgd_are_ddps_hooks():
@@ -92,6 +118,10 @@ def test_uneven_data_joins_as_horovod_does_and_bf16_and_powersgd_are_ddps_hooks(
     (["--backend", "native", "--sharding", "fsdp", "--precision", "fp16"], ["sharding='fsdp'", "precision: bf16"]),
     (["--backend", "native", "--sharding", "zero1", "--compression", "int8"], ["sharding='zero1'", "compression"]),
     (["--backend", "native", "--op", "adasum"], ["op='adasum'", "backend: horovod"]),
+    (["--backend", "native", "--sharding", "zero1", "--checkpoint-format", "sharded"],
+     ["checkpoint_format='sharded'", "sharding='zero1'", "checkpoint_format single"]),
+    (["--framework", "mxnet", "--checkpoint-format", "sharded"], ["checkpoint_format='sharded' is torch's",
+                                                                   "keeps the single format"]),
 ])
 def test_what_the_native_backend_cannot_do_is_one_line(args, needles):
     one_line_error(toolkit("train", "--framework", "torch", *args), *needles)

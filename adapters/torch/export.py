@@ -1,7 +1,8 @@
 """`toolkit export` for torch (toolkit/commands/export.py): a checkpoint's model as a safetensors file, the
 state dict's names as the checkpoint keeps them (the plain module's, without DDP's `module.` or compile's
 `_orig_mod.`), loadable with `safetensors.torch.load_file` + `model.load_state_dict(..., strict=True)`.
-safetensors (Hugging Face's) is the format the field loads without pickle."""
+safetensors (Hugging Face's) is the format the field loads without pickle. A sharded checkpoint
+(adapters/torch/sharded.py) is consolidated first, in this process, without a process group."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +17,11 @@ def export(folder: Path, out: Path, part: int, model_reference: str | None) -> i
     import torch
     from safetensors.torch import save_file
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
-    models = [state["model"], *(p["model"] for p in state.get("parts", []))]
+    if state.get("format") == "sharded":        # checkpoint_format sharded: consolidated here, no process group
+        from toolkit.adapters.torch import sharded
+        models = [p["model"] for p in sharded.whole(folder)]
+    else:
+        models = [state["model"], *(p["model"] for p in state.get("parts", []))]
     if part >= len(models):
         raise ToolkitError(f"--part {part}: {folder.name} holds {len(models)} model(s); give 0"
                            + (f" to {len(models) - 1}" if len(models) > 1 else ""))

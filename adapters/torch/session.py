@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from toolkit.adapters import batches as batches_module
 from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
+from toolkit.adapters.torch import sharded
 from toolkit.adapters.torch.precision import Precision
-from toolkit.config import Optimizer
+from toolkit.config import CheckpointFormat, Optimizer
 from toolkit.data.batch import leading_size, map_structure
 from toolkit.errors import ToolkitError
 
@@ -327,12 +328,33 @@ class TorchSession(Session):
         return np.array([loss, 0, len(y), 1], np.float64)
 
     # -- checkpoints, elastic, uneven data ----------------------------------------------------------------
+    @property
+    def _sharded_format(self) -> bool:
+        return self.config.checkpoint_format is CheckpointFormat.SHARDED
+
+    @property
+    def shards_on_every_rank(self) -> bool:
+        """A sharded checkpoint is written and read by every rank (torch.distributed); else by rank 0 whole."""
+        return sharded.every_rank(self.strategy)
+
     def _gather_objects(self) -> None:
+        if self._sharded_format and self.shards_on_every_rank:
+            self._saving = None         # every rank writes its own shards (write_shards)
+            return
         self._saving = [self.strategy.full_state(part) for part in self.parts]   # a collective where sharded
+
+    def write_shards(self, folder: Path) -> None:
+        sharded.save(self.parts, self.strategy, folder)
+
+    def read_shards(self, folder: Path) -> None:
+        sharded.load(self.parts, self.strategy, folder)
 
     def _state(self) -> dict:
         """What state.pt holds: the gathered parts' states, + fp16's loss scale for an exact resume; the second
-        and later models under "parts"."""
+        and later models under "parts". A sharded checkpoint's: its format and number of models (the states
+        are DCP's files, adapters/torch/sharded.py)."""
+        if self._sharded_format:
+            return {"format": sharded.FORMAT, "models": len(self.parts), **self.precision.state_dict()}
         (first, *others), self._saving = self._saving, None
         state = {**first, **self.precision.state_dict()}
         if others:
@@ -340,6 +362,9 @@ class TorchSession(Session):
         return state
 
     def _save_objects(self, folder: Path) -> None:
+        if self._sharded_format and not self.shards_on_every_rank:     # rank 0 alone: the whole state, as DCP's
+            whole, self._saving = self._saving, None
+            sharded.save_whole(self.parts, self.strategy, whole, folder)
         torch.save(self._state(), folder / STATE_FILE)
 
     def _snapshot_objects(self):
@@ -350,10 +375,16 @@ class TorchSession(Session):
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
-        saved = [state, *state.get("parts", [])]
-        if len(saved) != len(self.parts):
-            raise ToolkitError(f"checkpoint {folder} holds {len(saved)} model(s), this session set up "
+        is_sharded = state.get("format") == sharded.FORMAT
+        count = state["models"] if is_sharded else 1 + len(state.get("parts", []))
+        if count != len(self.parts):
+            raise ToolkitError(f"checkpoint {folder} holds {count} model(s), this session set up "
                                f"{len(self.parts)}; resume with the models it was saved with")
+        if is_sharded and self.shards_on_every_rank:
+            self.precision.load_state_dict(state)       # the models: every rank reads its shards (read_shards)
+            return
+        saved = sharded.load_whole(self.parts, self.strategy, folder) if is_sharded \
+            else [state, *state.get("parts", [])]
         for part, part_state in zip(self.parts, saved):
             self.strategy.stash_loaded(part, part_state)      # loaded here, or given to the sharded broadcast
         self.precision.load_state_dict(state)

@@ -15,7 +15,8 @@ optimizer's state dicts, as unsharded training writes them), gathered with torch
 ZeRO's `consolidate_state_dict`, and given back with `set_model_state_dict` / `set_optimizer_state_dict`
 (broadcast from rank 0) or ZeRO's `load_state_dict` (each rank takes its share): so a run can go from
 fsdp to none to zero1 and back on the same checkpoints. The limit: the whole state passes through rank
-0's host memory when saved or loaded.
+0's host memory when saved or loaded; `checkpoint_format: sharded` (adapters/torch/sharded.py) has every
+rank write and read its own shards instead.
 """
 from __future__ import annotations
 

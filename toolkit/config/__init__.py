@@ -20,6 +20,7 @@ from .enums import (
     PS_SYNCS,
     TOOLKIT_COMPRESSIONS,
     Backend,
+    CheckpointFormat,
     Compression,
     Dataset,
     Keras,
@@ -68,7 +69,7 @@ from .values import ConfigError, flatten_groups
 Strategy = TfStrategy
 
 __all__ = [
-    "Backend", "CheckpointConfig", "Sharding", "CommunicationConfig", "Compression", "Config", "ConfigError", "Dataset",
+    "Backend", "CheckpointConfig", "CheckpointFormat", "Sharding", "CommunicationConfig", "Compression", "Config", "ConfigError", "Dataset",
     "ELASTIC_KEYS", "ENV_PREFIX", "ENV_RESERVED", "ElasticConfig", "GROUPS", "GROUP_CLASSES", "HorovodConfig",
     "IMAGE_MODELS", "Keras", "LaunchConfig", "LrSchedule", "LrScaling", "Model", "ON_DISK", "ORDER", "Op",
     "Optimizer", "PS_SYNCS", "ParameterServerConfig", "Precision", "PrecisionConfig", "Strategy", "Sync", "TfStrategy",

@@ -18,6 +18,11 @@ class Sharding(str, enum.Enum):
     FSDP = "fsdp"           # parameters, gradients and optimizer state sharded (FSDP2 fully_shard per block)
 
 
+class CheckpointFormat(str, enum.Enum):
+    SINGLE = "single"       # the toolkit's own files, written by rank 0 (state.pt, model.keras, model.params)
+    SHARDED = "sharded"     # torch: every rank writes its shards through torch.distributed.checkpoint
+
+
 class Dataset(str, enum.Enum):
     DIGITS = "digits"       # the real 8x8 handwritten digits that scikit-learn ships
     SYNTHETIC = "synthetic"

@@ -16,6 +16,7 @@ from toolkit import registry
 
 from .enums import (
     Backend,
+    CheckpointFormat,
     Compression,
     Dataset,
     Keras,
@@ -262,6 +263,10 @@ class CheckpointConfig:
                                              "and config.yaml here; a folder holding an earlier run's checkpoints "
                                              "is refused unless resume (nothing is overwritten)")
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
+    checkpoint_format: CheckpointFormat = _f(CheckpointFormat.SINGLE, "single (one state file, written by rank 0) "
+                                             "or sharded (torch: every rank writes its own shards through "
+                                             "torch.distributed.checkpoint; resumes on any number of ranks and any "
+                                             "sharding; needs a folder every rank reads and writes)")
     checkpoint_async: bool = _f(False, "rank 0 writes each checkpoint in a background thread while training goes "
                                        "on (the state copied to host memory first); the same atomic folders, the "
                                        "next save waits for the one before")
@@ -310,7 +315,7 @@ ORDER = (
     "topk_ratio", "dgc", "dgc_warmup_epochs", "dgc_masking", "powersgd_rank", "powersgd_warmup_steps",
     "error_feedback", "hierarchical_exchange", "overlap", "bucket_mb", "sync", "local_steps",
     "sync_warmup_steps", "staleness", "ps_servers", "staleness_lr_damping", "accumulation_steps", "op",
-    "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints", "checkpoint_async",
+    "precision", "compile", "sync_batchnorm", "clip_grad_norm", "nan_guard", "nan_check_every", "seed", "checkpoint_dir", "keep_checkpoints", "checkpoint_format", "checkpoint_async",
     "resume", "preemption_check_every", "log_dir", "wandb_project", "mlflow_tracking_uri", "mlflow_experiment",
     "mlflow_run_name", "peak_tflops", "profile_dir", "profile_steps",
     "fusion_threshold_mb", "cycle_time_ms",

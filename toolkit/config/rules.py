@@ -18,6 +18,7 @@ from .enums import (
     PS_SYNCS,
     TOOLKIT_COMPRESSIONS,
     Backend,
+    CheckpointFormat,
     Compression,
     Dataset,
     Keras,
@@ -116,6 +117,7 @@ def validate(c) -> None:
     if c.resume and not c.checkpoint_dir:
         raise ConfigError("resume=true needs checkpoint_dir: pass --checkpoint-dir DIR "
                           "(the folder an earlier run wrote checkpoints to)", "resume", "checkpoint_dir")
+    _check_checkpoint_format(c)
     _check_elastic(c)
     c.straggler_delays()     # validates the spec
     profile_window(c.profile_steps)
@@ -125,6 +127,29 @@ def validate(c) -> None:
                               "mlflow_tracking_uri (--mlflow-tracking-uri URI), or drop it", name, "mlflow_tracking_uri")
     c.data_fractions()
     _check_capabilities(c)
+
+
+def _check_checkpoint_format(c) -> None:
+    """checkpoint_format sharded: torch's (torch.distributed.checkpoint), every rank's own shards."""
+    if c.checkpoint_format is not CheckpointFormat.SHARDED:
+        return
+    if c.framework != "torch":
+        raise ConfigError(f"checkpoint_format='sharded' is torch's (torch.distributed.checkpoint); "
+                          f"framework={c.framework!r} keeps the single format (rank 0 writes the whole state, every "
+                          f"rank reads it back): drop checkpoint_format or set it to single", "checkpoint_format",
+                          "framework")
+    if c.sharding is Sharding.ZERO1:
+        raise ConfigError("checkpoint_format='sharded' with sharding='zero1': ZeRO's optimizer shards follow the "
+                          "ranks' parameter split, which torch.distributed.checkpoint cannot reshard; use "
+                          "sharding fsdp or none, or checkpoint_format single", "checkpoint_format", "sharding")
+    if c.checkpoint_async:
+        raise ConfigError("checkpoint_format='sharded' with checkpoint_async: the sharded format saves "
+                          "synchronously; drop checkpoint_async or use checkpoint_format single",
+                          "checkpoint_format", "checkpoint_async")
+    if c.sync in PS_SYNCS:
+        raise ConfigError(f"checkpoint_format='sharded' with sync={c.sync.value!r}: the parameter servers keep "
+                          f"the model and checkpoint it themselves; use checkpoint_format single",
+                          "checkpoint_format", "sync")
 
 
 def _check_schedule(c) -> None:

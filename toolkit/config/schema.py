@@ -21,6 +21,7 @@ from .enums import (
     PS_SYNCS,
     TOOLKIT_COMPRESSIONS,
     Backend,
+    CheckpointFormat,
     Compression,
     Keras,
     LrScaling,
@@ -118,6 +119,7 @@ class Config(metaclass=_Complete):
     seed: int = _key("seed")
     checkpoint_dir: Optional[str] = _key("checkpoint_dir")
     keep_checkpoints: int = _key("keep_checkpoints")
+    checkpoint_format: CheckpointFormat = _key("checkpoint_format")
     checkpoint_async: bool = _key("checkpoint_async")
     resume: bool = _key("resume")
     preemption_check_every: int = _key("preemption_check_every")

@@ -63,21 +63,28 @@ def _cannot_write(root: Path, cause: OSError) -> ToolkitError:
                         f"give a writable folder (--checkpoint-dir), then continue with --resume")
 
 
-def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], object],
-         keep: int) -> Path:
-    """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there. A folder that
-    cannot take it (a full disk, no permission, a read-only or missing mount) is a one-line
-    ToolkitError naming the folder and the cause; the checkpoints already there are untouched."""
+def begin(directory: str | os.PathLike, step: int) -> Path:
+    """The hidden temporary folder checkpoint `step` is written into (by `save`; first by every rank where each
+    writes its shards). A folder that cannot take it is `save`'s one-line ToolkitError."""
     root = Path(directory)
     try:
         root.mkdir(parents=True, exist_ok=True)
         _recover(root)
-        _sweep(root)               # rank 0 is the only writer: anything hidden here is a dead writer's
-        final = root / f"{PREFIX}{step:08d}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        _sweep(root)               # rank 0 begins every save: anything hidden here is a dead writer's
+        return Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:08d}.", dir=root))
     except OSError as e:
         raise _cannot_write(root, e) from None
-    return _save_in(root, final, tmp, step, progress, write, keep)
+
+
+def save(directory: str | os.PathLike, step: int, progress: dict, write: Callable[[Path], object],
+         keep: int, begun: Path | None = None) -> Path:
+    """Write checkpoint `step`: `write(tmpdir)` puts the framework's files there (beside what the ranks wrote
+    into `begun`, the folder `begin` made, where given). A folder that cannot take it (a full disk, no
+    permission, a read-only or missing mount) is a one-line ToolkitError naming the folder and the cause; the
+    checkpoints already there are untouched."""
+    root = Path(directory)
+    tmp = begun if begun is not None else begin(directory, step)
+    return _save_in(root, root / f"{PREFIX}{step:08d}", tmp, step, progress, write, keep)
 
 
 def _save_in(root: Path, final: Path, tmp: Path, step: int, progress: dict, write, keep: int) -> Path:
