@@ -61,13 +61,8 @@ class Checkpointer:
 
         if session.config.checkpoint_format is CheckpointFormat.SHARDED:
             meta["checkpoint_format"] = CheckpointFormat.SHARDED.value
-            if session.shards_on_every_rank:     # rank 0 makes the folder, every rank writes its shards into it
-                begun = session.on_main(lambda: str(checkpoint.begin(directory, step)), name="toolkit.checkpoint_error")
-                begun = Path(session.broadcast_object(begun, name="toolkit.checkpoint_folder") if session.size > 1
-                             else begun)
-                session.write_shards(begun)
-                return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep,
-                                                               begun=begun), name="toolkit.checkpoint_error")
+            if session.shards_on_every_rank:
+                return self._save_shards(directory, step, meta, files, keep)
         if not session.config.checkpoint_async:
             return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep),
                                    name="toolkit.checkpoint_error")
@@ -79,15 +74,41 @@ class Checkpointer:
             return checkpoint.path_of(directory, step)
         return session.on_main(start, name="toolkit.checkpoint_error")
 
+    def _save_shards(self, directory: str, step: int, meta: dict, files, keep: int) -> Path | None:
+        """Rank 0 begins the hidden folder, every rank writes its shards into it, then rank 0 adds its own files
+        and renames it into place. `checkpoint_async`: the shards are copied to host memory and written in a
+        thread on every rank; rank 0's thread renames the folder once every rank's are written."""
+        session, background = self.session, self.session.config.checkpoint_async
+        if background:      # the save before written first: `begin` sweeps hidden folders
+            self.finish()
+        begun = session.on_main(lambda: str(checkpoint.begin(directory, step)), name="toolkit.checkpoint_error")
+        begun = Path(session.broadcast_object(begun, name="toolkit.checkpoint_folder") if session.size > 1 else begun)
+        written = session.write_shards(begun, background)
+        if not background:
+            return session.on_main(lambda: checkpoint.save(directory, step, meta, files(self.write), keep=keep,
+                                                           begun=begun), name="toolkit.checkpoint_error")
+
+        def start() -> Path:
+            write = files(self.snapshot())
+
+            def finish() -> None:
+                written()
+                checkpoint.save(directory, step, meta, write, keep=keep, begun=begun)
+            self.background.submit(finish)
+            return checkpoint.path_of(directory, step)
+        return session.on_main(start, name="toolkit.checkpoint_error")
+
     def finish(self) -> None:
         """The save in the background written (a collective where one may be: its error stops every rank)."""
         if self.session.config.checkpoint_async:
             self.session.on_main(self.background.wait, name="toolkit.checkpoint_error")
+            self.session.wait_shards()
 
     def load(self, directory: str | None, collective: bool) -> dict:
         session = self.session
         directory = directory or session.config.checkpoint_dir
         outcome = {}
+        session.wait_shards()                   # this rank's shards of a save in the background written
         if session.is_main:
             try:
                 self.background.wait()          # a save still being written (checkpoint_async) is the newest

@@ -217,9 +217,13 @@ class TensorWork(abc.ABC):
         """checkpoint_format sharded: every rank writes and reads its own shards (torch on torch.distributed)."""
         return False
 
-    def write_shards(self, folder: Path) -> None:
-        """A collective where `shards_on_every_rank`: this rank's shards of the state into `folder`."""
+    def write_shards(self, folder: Path, background: bool = False) -> Callable[[], None]:
+        """A collective where `shards_on_every_rank`: this rank's shards of the state into `folder` (`background`:
+        copied now, written in a thread); returns what waits for the write."""
         raise NotImplementedError
+
+    def wait_shards(self) -> None:
+        """This rank's shards of a save in the background written (nothing where there is none)."""
 
     def read_shards(self, folder: Path) -> None:
         """A collective where `shards_on_every_rank`: this rank's shards of the state from `folder`."""

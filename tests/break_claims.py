@@ -630,6 +630,15 @@ MUTANTS = [
            (("adapters/torch/session.py", "saved = sharded.load_whole(self.parts, self.strategy, folder) if is_sharded",
              "saved = [] if is_sharded"),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("sharded-async-unwritten", "a sharded save in the background writes every rank's shards (DCP async_save)",
+           (("adapters/torch/sharded.py", "    future: Any = dcp.async_save(_states(parts, strategy), checkpoint_id=str(folder), "
+             "process_group=_GROUP)", "    from concurrent.futures import Future\n    future: Any = Future()\n"
+             "    future.set_result(None)"),),
+           (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
+    Mutant("sharded-whole-snapshot-live", "a sharded save in the background holds its step's state (rank 0's copy)",
+           (("adapters/torch/session.py", "            whole, self._saving = _host_copy(self._saving), None",
+             "            whole, self._saving = self._saving, None"),),
+           ("tests/test_checkpoint_async.py::test_an_async_save_holds_its_steps_state_while_training_changes_the_weights",)),
     Mutant("native-no-join", "uneven data on native joins as Horovod does (DDP's Join)",
            (("adapters/torch/strategies/native.py", "self.join_context = Join([session.model])",
              "self.join_context = Join([session.model], enable=False)"),),

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, clean_env
 from tests.helpers import kill_writers
 
@@ -19,7 +21,8 @@ def held(*args, **kw):            # the background write waits until the trainin
     gate.wait(60)
     return real(*args, **kw)
 checkpoint.save = held
-s = toolkit.start(framework="torch", checkpoint_dir=sys.argv[1], checkpoint_async=True, quiet=True)
+s = toolkit.start(framework="torch", checkpoint_dir=sys.argv[1], checkpoint_async=True, quiet=True,
+                  checkpoint_format=sys.argv[2])
 model, opt = s.setup(torch.nn.Linear(64, 64))
 before = model.weight.detach().clone()
 path = s.save()
@@ -28,15 +31,23 @@ with torch.no_grad():
     model.weight.add_(1.0)        # training goes on while the save is being written
 gate.set()
 s.close()                         # waits for the write
-saved = torch.load(path / "state.pt", weights_only=True)["model"]["weight"]
+if sys.argv[2] == "sharded":
+    from toolkit.adapters.torch import sharded
+    saved = sharded.whole(path)[0]["model"]["weight"]
+else:
+    saved = torch.load(path / "state.pt", weights_only=True)["model"]["weight"]
 checkpoint.verify(path)
 print(json.dumps({"written_before_return": written_before_return, "same": bool(torch.equal(saved, before)),
                   "mutated": bool(torch.equal(saved, model.weight.detach()))}))
 """
 
 
-def test_an_async_save_holds_its_steps_state_while_training_changes_the_weights(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", HELD, str(tmp_path / "ckpt")], cwd=ROOT, env=clean_env(),
+@pytest.mark.parametrize("checkpoint_format", ["single", "sharded"])
+def test_an_async_save_holds_its_steps_state_while_training_changes_the_weights(tmp_path, checkpoint_format):
+    """The write held until training changed the weights: the checkpoint has the weights of the save. sharded in
+    one process: rank 0 writes the whole state as DCP files (the ranks' own shards: test_native_torch.py's chain)."""
+    proc = subprocess.run([sys.executable, "-c", HELD, str(tmp_path / "ckpt"), checkpoint_format], cwd=ROOT,
+                          env=clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])

@@ -46,51 +46,53 @@ def test_your_torch_trains_on_the_native_backend_under_torchrun_horovodrun_and_m
 
 
 def test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding(tmp_path):
-    """One 6-epoch training cut into six jobs, each resuming the one before on another engine, sharding or
-    checkpoint format: native -> horovod (writes `sharded`: rank 0 the whole state as DCP files) -> native fsdp
-    (every rank reads its shards) -> native fsdp (writes `sharded`: every rank its own shards) -> native zero1
-    (reads the sharded checkpoint whole) -> horovod, ends bit-identical to horovod's uninterrupted run (so each
-    engine's epoch equals Horovod's; built-in script, `toolkit launch --backend native`). Adam: both engines start
-    it empty (Horovod's own broadcast would step it once on zero gradients). The fsdp ranks' sharded checkpoint
-    then resumes on 3 ranks and on one process, and `toolkit export` consolidates it: the same parameters."""
+    """One 6-epoch training cut into jobs, each resuming the one before on another engine, sharding or checkpoint
+    format: native -> horovod (writes `sharded`: rank 0 the whole state as DCP files) -> native fsdp (every rank
+    reads its shards) -> native fsdp for 2 epochs (writes `sharded` in the background: every rank its own shards
+    through DCP's async_save; epoch 5 trains while epoch 4's is written) -> native zero1 from epoch 4's (read
+    whole on rank 0; writes `sharded` whole from rank 0's background thread) -> horovod, ends bit-identical to
+    horovod's uninterrupted run (so each engine's epoch equals Horovod's, and a save in the background holds its
+    step's state; built-in script, `toolkit launch --backend native`). Adam: both engines start it empty
+    (Horovod's own broadcast would step it once on zero gradients). The fsdp ranks' sharded checkpoint then
+    resumes on 3 ranks and on one process with the parameters `toolkit export` consolidates from it."""
     adam = DIGITS + ["--optimizer", "adam", "--lr", "0.005"]
     straight = train_job("gloo", adam + ["--epochs", "6"])
     folder = tmp_path / "ckpt"
     sharded = ["--checkpoint-format", "sharded"]
-    chain = [("native", []), ("gloo", sharded), ("native", ["--sharding", "fsdp"]),
-             ("native", ["--sharding", "fsdp", *sharded]), ("native", ["--sharding", "zero1"]), ("gloo", [])]
-    outs = []
-    for epochs, (launcher, extra) in enumerate(chain, start=1):
+    chain = [(0, 1, "native", []), (1, 2, "gloo", sharded), (2, 3, "native", ["--sharding", "fsdp"]),
+             (3, 5, "native", ["--sharding", "fsdp", *sharded, "--checkpoint-async"]),
+             (4, 5, "native", ["--sharding", "zero1", *sharded, "--checkpoint-async"]), (5, 6, "gloo", [])]
+    for start, epochs, launcher, extra in chain:
+        if start == 4:      # resume the save made in the background while epoch 5 trained
+            shutil.rmtree(folder / f"ckpt-{22 * 5:08d}")
         out = train_job(launcher, adam + ["--epochs", str(epochs), "--checkpoint-dir", folder, "--keep-checkpoints",
-                                          "6", *extra] +
-                        (["--resume"] if epochs > 1 else []))
-        outs.append(out)
+                                          "6", *extra] + (["--resume"] if start else []))
         assert len(set(out["final_digests"])) == 1, (epochs, out)
-        if epochs == 1:     # the first epoch on native from scratch: the replicas start apart, end equal
+        if not start:       # the first epoch on native from scratch: the replicas start apart, end equal
             assert_replicas(out)
             assert "DistributedDataParallel" in out["path"] and out["backend"] == "native"
-        if epochs > 1:
-            assert out["resumed_from"] and out["steps_run"] == out["steps"] // epochs, (epochs, out)
+        else:
+            assert out["resumed_from"] == 22 * start and out["steps_run"] == 22 * (epochs - start), (epochs, out)
         if "--sharding" in extra:
             assert {"fsdp": "FSDP2", "zero1": "ZeroRedundancyOptimizer"}[extra[1]] in out["path"], out["path"]
     assert out["param_digest"] == straight["param_digest"]
     shards = {epochs: sorted(p.name for p in (folder / f"ckpt-{22 * epochs:08d}").glob("*.distcp"))
-              for epochs in (2, 4)}
-    assert shards == {2: ["__0_0.distcp"], 4: ["__0_0.distcp", "__1_0.distcp"]}, shards
+              for epochs in (2, 4, 5)}
+    assert shards == {2: ["__0_0.distcp"], 4: ["__0_0.distcp", "__1_0.distcp"], 5: ["__0_0.distcp"]}, shards
     moved = tmp_path / "moved"
     moved.mkdir()
     shutil.copytree(folder / f"ckpt-{22 * 4:08d}", moved / f"ckpt-{22 * 4:08d}")
-    again = adam + ["--epochs", "4", "--checkpoint-dir", moved, "--resume"]
-    for out in (train_job("native", again, np_=3), train_job("single", again)):
-        assert out["steps_run"] == 0 and out["param_digest"] == outs[3]["param_digest"], out
-    exported = tmp_path / "model.safetensors"       # consolidated without a process group
+    exported = tmp_path / "model.safetensors"       # the saved parameters, consolidated without a process group
     proc = toolkit("export", moved, exported)
     assert proc.returncode == 0, proc.stderr
     from safetensors.numpy import load_file
 
     from toolkit.adapters.topology import digest
     tensors = load_file(exported)
-    assert digest([tensors[name] for name in params("torch", folder)]) == outs[3]["param_digest"]
+    saved = digest([tensors[name] for name in params("torch", folder)])
+    again = adam + ["--epochs", "4", "--checkpoint-dir", moved, "--resume"]
+    for out in (train_job("native", again, np_=3), train_job("single", again)):      # loaded: the saved ones
+        assert out["steps_run"] == 0 and out["param_digest"] == saved, out
 
 
 def test_uneven_data_joins_as_horovod_does_and_bf16_and_powersgd_are_ddps_hooks():
@@ -118,8 +120,6 @@ def test_uneven_data_joins_as_horovod_does_and_bf16_and_powersgd_are_ddps_hooks(
     (["--backend", "native", "--sharding", "fsdp", "--precision", "fp16"], ["sharding='fsdp'", "precision: bf16"]),
     (["--backend", "native", "--sharding", "zero1", "--compression", "int8"], ["sharding='zero1'", "compression"]),
     (["--backend", "native", "--op", "adasum"], ["op='adasum'", "backend: horovod"]),
-    (["--backend", "native", "--sharding", "zero1", "--checkpoint-format", "sharded"],
-     ["checkpoint_format='sharded'", "sharding='zero1'", "checkpoint_format single"]),
     (["--framework", "mxnet", "--checkpoint-format", "sharded"], ["checkpoint_format='sharded' is torch's",
                                                                    "keeps the single format"]),
 ])

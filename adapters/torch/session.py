@@ -343,8 +343,23 @@ class TorchSession(Session):
             return
         self._saving = [self.strategy.full_state(part) for part in self.parts]   # a collective where sharded
 
-    def write_shards(self, folder: Path) -> None:
-        sharded.save(self.parts, self.strategy, folder)
+    def write_shards(self, folder: Path, background: bool = False):
+        self.wait_shards()
+        if not background:
+            sharded.save(self.parts, self.strategy, folder)
+            return lambda: None
+        self._shards_written = sharded.save_async(self.parts, self.strategy, folder)
+        return self._shards_written
+
+    def wait_shards(self) -> None:
+        """This rank's shards of the save in the background written; their error is rank 0's to report (DCP gives
+        every rank the same), through the checkpointer's wait."""
+        wait, self._shards_written = getattr(self, "_shards_written", None), None
+        if wait is not None:
+            try:
+                wait()
+            except ToolkitError:
+                pass
 
     def read_shards(self, folder: Path) -> None:
         sharded.load(self.parts, self.strategy, folder)
@@ -364,14 +379,23 @@ class TorchSession(Session):
     def _save_objects(self, folder: Path) -> None:
         if self._sharded_format and not self.shards_on_every_rank:     # rank 0 alone: the whole state, as DCP's
             whole, self._saving = self._saving, None
-            sharded.save_whole(self.parts, self.strategy, whole, folder)
+            sharded.save_whole(whole, [sharded.names(p, self.strategy) for p in self.parts], folder)
         torch.save(self._state(), folder / STATE_FILE)
 
     def _snapshot_objects(self):
         """checkpoint_async: every tensor of the state copied to host memory now (a memory copy, not a
         serialisation), torch.save'd later in the background."""
+        whole = None
+        if self._sharded_format and not self.shards_on_every_rank:
+            whole, self._saving = _host_copy(self._saving), None
+            names = [sharded.names(p, self.strategy) for p in self.parts]
         state = _host_copy(self._state())
-        return lambda folder: torch.save(state, folder / STATE_FILE)
+
+        def write(folder: Path) -> None:
+            if whole is not None:
+                sharded.save_whole(whole, names, folder)
+            torch.save(state, folder / STATE_FILE)
+        return write
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)

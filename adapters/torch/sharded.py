@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,7 @@ def every_rank(strategy) -> bool:
             and dist.is_available() and dist.is_initialized())
 
 
-def _names(part, strategy) -> list[list[str]]:
+def names(part, strategy) -> list[list[str]]:
     """Each optimizer group's parameter names (the plain module's), in the group's order."""
     name_of = {id(p): n for n, p in strategy.unwrap(part.model).named_parameters()}
     return [[name_of[id(p)] for p in group["params"]] for group in part.optimizer.param_groups]
@@ -98,12 +99,34 @@ def load(parts, strategy, folder: Path) -> None:
                        optim_state_dict=state["optimizer"])
 
 
-def save_whole(parts, strategy, whole: list[dict], folder: Path) -> None:
-    """Rank 0 alone (no process group): the parts' whole states (`strategy.full_state`'s) as DCP files."""
+def save_async(parts, strategy, folder: Path):
+    """Collective (every rank): each rank's shards copied to host memory now, written into `folder` by DCP's
+    `async_save` in a thread while training goes on; returns what waits for the write (its error one line). The
+    write's collectives run in a Gloo group of their own, made at the first such save, so they never interleave
+    with training's."""
     import torch.distributed.checkpoint as dcp
-    states = {f"part{i}": {"model": state["model"],
-                           "optimizer": _by_name(state["optimizer"], _names(part, strategy), to_names=True)}
-              for i, (part, state) in enumerate(zip(parts, whole))}
+    global _GROUP
+    if _GROUP is None:
+        _GROUP = dist.new_group(backend="gloo")
+    future: Any = dcp.async_save(_states(parts, strategy), checkpoint_id=str(folder), process_group=_GROUP)
+
+    def wait() -> None:
+        try:
+            future.result()
+        except Exception as e:
+            raise _failed(folder, "write", e) from None
+    return wait
+
+
+_GROUP: Any = None      # save_async's process group
+
+
+def save_whole(whole: list[dict], names_: list[list[list[str]]], folder: Path) -> None:
+    """Rank 0 alone (no process group): the parts' whole states (`strategy.full_state`'s; `names_`: each part's
+    `names`) as DCP files."""
+    import torch.distributed.checkpoint as dcp
+    states = {f"part{i}": {"model": state["model"], "optimizer": _by_name(state["optimizer"], n, to_names=True)}
+              for i, (state, n) in enumerate(zip(whole, names_))}
     try:
         dcp.save(states, checkpoint_id=str(folder), no_dist=True)
     except Exception as e:
@@ -124,5 +147,5 @@ def load_whole(parts, strategy, folder: Path) -> list[dict]:
     """Rank 0 alone: every part's whole state as torch's own state dicts (`whole`)."""
     states = whole(folder)
     return [{"model": states[i]["model"],
-             "optimizer": _by_name(states[i]["optimizer"], _names(part, strategy), to_names=False)}
+             "optimizer": _by_name(states[i]["optimizer"], names(part, strategy), to_names=False)}
             for i, part in enumerate(parts)]

@@ -138,14 +138,6 @@ def _check_checkpoint_format(c) -> None:
                           f"framework={c.framework!r} keeps the single format (rank 0 writes the whole state, every "
                           f"rank reads it back): drop checkpoint_format or set it to single", "checkpoint_format",
                           "framework")
-    if c.sharding is Sharding.ZERO1:
-        raise ConfigError("checkpoint_format='sharded' with sharding='zero1': ZeRO's optimizer shards follow the "
-                          "ranks' parameter split, which torch.distributed.checkpoint cannot reshard; use "
-                          "sharding fsdp or none, or checkpoint_format single", "checkpoint_format", "sharding")
-    if c.checkpoint_async:
-        raise ConfigError("checkpoint_format='sharded' with checkpoint_async: the sharded format saves "
-                          "synchronously; drop checkpoint_async or use checkpoint_format single",
-                          "checkpoint_format", "checkpoint_async")
     if c.sync in PS_SYNCS:
         raise ConfigError(f"checkpoint_format='sharded' with sync={c.sync.value!r}: the parameter servers keep "
                           f"the model and checkpoint it themselves; use checkpoint_format single",
