@@ -508,8 +508,10 @@ class Session(TensorWork):
         return self._metrics
 
     def tracking_state(self) -> dict:
-        """What a checkpoint keeps of rank 0's trackers: the id of its MLflow run, if one is open."""
-        mlflow = self._metrics.mlflow if self._metrics is not None else None
+        """Rank 0: what a checkpoint keeps of its trackers, the id of its MLflow run (opened now where a user's
+        loop saves before its first log, so that a resume continues the same run)."""
+        writers = self.open_log()
+        mlflow = writers.mlflow if writers is not None else None
         return {"mlflow_run_id": mlflow.run_id} if mlflow is not None else {}
 
     def close(self, summary: dict | None = None) -> None:

@@ -48,7 +48,7 @@ class Checkpointer:
         self.gather()                                            # a collective where the state is sharded
         generators = session.allgather_object(session.random_state(), name="toolkit.random")
         meta = {**progress, "loaders": [loader.state_dict() for loader in session.loaders]}
-        meta.update(session.tracking_state())       # rank 0's MLflow run, continued by a resume
+        meta.update(session.on_main(session.tracking_state, name="toolkit.metrics_open") or {})  # rank 0's MLflow run
 
         step, keep = session.global_step, session.config.keep_checkpoints
 

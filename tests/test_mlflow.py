@@ -114,3 +114,36 @@ def test_a_tracking_server_out_of_reach_or_a_refused_store_is_one_line(tmp_path)
     one_line_error(proc, "mlflow_tracking_uri='file:", "MLFLOW_ALLOW_FILE_STORE")
     proc = run([*TRAIN, *digits("torch"), "--mlflow-run-name", "x"], cwd=tmp_path)
     one_line_error(proc, "mlflow_run_name", "--mlflow-tracking-uri")
+
+
+LOOP = """
+import sys, torch, toolkit
+store, ckpt, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "resume"
+s = toolkit.start(framework="torch", mlflow_tracking_uri=store, mlflow_run_name="my-loop", checkpoint_dir=ckpt,
+                  quiet=True)
+model, opt = s.setup(torch.nn.Linear(4, 1))
+if resume:
+    s.load()
+x = torch.ones(8, 4)
+s.backward(model(x).square().mean())
+s.step()
+if not resume:
+    s.save()                      # before the loop's first log: the run opens here, the checkpoint keeps its id
+s.log(s.global_step, {"loss": float(model(x).square().mean())})
+s.close()
+"""
+
+
+def test_a_users_loop_that_saves_before_its_first_log_continues_its_run_on_resume(tmp_path):
+    """Your own loop (`toolkit.start`, `session.save`, `session.log`, `session.close`): the checkpoint saved before
+    the first log names the run, and the resumed process logs into that same run, one run in all."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for mode in ("first", "resume"):
+        proc = run([sys.executable, "-c", LOOP, store, tmp_path / "ckpt", mode], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run_,) = client.search_runs(["0"])
+    (kept,) = (tmp_path / "ckpt").glob("ckpt-*")
+    assert json.loads((kept / "meta.json").read_text())["mlflow_run_id"] == run_.info.run_id
+    assert run_.info.run_name == "my-loop" and run_.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_.info.run_id, "loss")] == [1, 2]
