@@ -204,7 +204,7 @@ class Session(TensorWork):
     def _refuse_another_model(self) -> None:
         if not self.several_models:
             raise ToolkitError(f"session.setup() was called twice: several models in one session train on torch, "
-                               f"MXNet and Keras 3 on Horovod; {self.path} trains one model a session (combine them "
+                               f"MXNet, Keras 3 and tf-keras on Horovod; {self.path} trains one model a session (combine them "
                                "in one model)")
         self.strategy.check_another_model()
 

@@ -9,7 +9,7 @@
 - a user's own loop over a tf.data dataset whose elements are dicts or 3-tuples: every sample once
   per epoch across the ranks, replicas equal; under tf-keras, 2 ranks step as one rank with their
   whole batch;
-- a GAN in Keras 3 on Horovod: two models set up with their own optimizers, each stepped by name, one
+- a GAN in Keras 3 and tf-keras on Horovod: two models set up with their own optimizers, each stepped by name, one
   checkpoint with both, a run stopped mid-epoch and resumed ending where the uninterrupted one did.
 
 The tests launch this file itself as each rank's script (`toolkit launch -np 2 --gloo`):
@@ -144,9 +144,11 @@ def gan(a, session) -> dict:
     """Points on a ring against a generator from 4-d noise (tests/user_torch.py's GAN in Keras 3), d_opt unused
     (`step()` finds the discriminator; `d_opt` is what a user would name). The
     noise of a step is drawn from the step number, so a resumed run draws what the uninterrupted one drew."""
-    import keras
+    import importlib
+
     import numpy as np
     import tensorflow as tf
+    keras = importlib.import_module("tf_keras" if a.keras == "tf_keras" else "keras")
     samples, noise_size = 256, 4
     generator = keras.Sequential([keras.Input((noise_size,)), keras.layers.Dense(16, activation="relu"),
                                   keras.layers.Dense(2)])
@@ -154,6 +156,7 @@ def gan(a, session) -> dict:
                                       keras.layers.Dense(1)])
     generator, g_opt = session.setup(generator, keras.optimizers.Adam(0.003))
     discriminator, d_opt = session.setup(discriminator, keras.optimizers.SGD(0.05, momentum=0.9))
+    initial = [[w.copy() for w in m.get_weights()] for m in (generator, discriminator)]
     angle = np.random.RandomState(3).uniform(0, 2 * np.pi, samples)
     ring = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
     loader = session.loader((ring, np.arange(samples)))
@@ -184,6 +187,8 @@ def gan(a, session) -> dict:
         session.save(a.checkpoint_dir, epoch=epoch + 1)
     return {"seen": [i for part in session.allgather_object(seen, name="seen") for i in part], "losses": losses,
             "digests": session.check_replicas(), "global_step": session.global_step,
+            "trained": [any(not np.array_equal(a, b) for a, b in zip(first, m.get_weights()))
+                        for first, m in zip(initial, (generator, discriminator))],
             "weights": [float(np.sum(w)) for m in (generator, discriminator) for w in m.get_weights()]}
 
 
@@ -334,22 +339,25 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path):
-    """Keras 3 on Horovod: generator (Adam) and discriminator (SGD with momentum) set up one after the
+@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
+def test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path, keras):
+    """Keras 3 and tf-keras on Horovod: generator (Adam) and discriminator (SGD with momentum) set up one after the
     other; the discriminator's loss steps with `step()` (every model it reached: the discriminator only),
     the generator's with `step(g_opt)` (its backward also gives the discriminator gradients: dropped at
     the next backward): replicas of both identical, every sample once an epoch, one
     checkpoint holding both, and a run stopped mid-epoch and resumed ends bit for bit where the
     uninterrupted one did."""
-    straight = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "a"), name="straight")
+    straight = launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "a"), name="straight")
     assert straight["global_step"] == 2 * 2 * 256 // (2 * BATCH), straight["global_step"]   # two steps a batch
     assert len(set(straight["digests"])) == 1, straight["digests"]
+    assert straight["trained"] == [True, True], "both models must have stepped"
     counts = Counter(straight["seen"])
     assert len(counts) == 256 and set(counts.values()) == {2}, f"{256 - len(counts)} unseen, {set(counts.values())}"
-    launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "b"), "--stop-at", "10", name="cut")
+    launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "b"), "--stop-at", "10", name="cut")
     kept = next((tmp_path / "b").glob("ckpt-*"))
     assert sorted(p.name for p in kept.glob("*.npz") if p.name.startswith(("weights", "optimizer"))) == [
         "optimizer.npz", "optimizer1.npz", "weights.npz", "weights1.npz"]
-    resumed = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "b"), "--resume", name="resumed")
+    resumed = launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "b"), "--resume",
+                     name="resumed")
     assert resumed["digests"] == straight["digests"], "the resumed GAN ended elsewhere"
     assert resumed["weights"] == straight["weights"]

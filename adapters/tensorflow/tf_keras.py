@@ -4,7 +4,9 @@
 `TF_USE_LEGACY_KERAS=1` is set here, before TensorFlow is imported, so `tf.keras` is tf-keras. The
 built-in step is Keras's compiled `train_on_batch` with Horovod's DistributedOptimizer inside; a
 user's own loop calls `backward(loss, tape)`, which hands each micro-batch's gradients to that
-optimizer (it aggregates k of them, then allreduces and applies). Data, evaluation, checkpoints and
+optimizer (it aggregates k of them, then allreduces and applies). Several models (a GAN) step as on
+Keras 3: each model's gradients summed over the micro-batches, then Horovod's allreduce and the model's
+optimizer (whose own aggregation never counts then: it applies every call). Data, evaluation, checkpoints and
 tensor ops are the Keras 3 session's (keras.py).
 """
 from __future__ import annotations
@@ -31,7 +33,8 @@ def build_model(config, num_features: int, num_classes: int) -> tf_keras.Model:
 class TfKerasSession(TensorflowSession):
     name = "tensorflow"
     keras = tf_keras
-    several_models = False      # Horovod's tf-keras optimizer steps inside backward: one model's
+    several_models = True       # one model: Horovod's tf-keras optimizer steps inside backward; several: the
+                                # Keras 3 session's step (each model's gradients from one tape, reduced, applied)
     any_batch = False           # the step is Keras's train_on_batch(x, y)
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
@@ -57,10 +60,18 @@ class TfKerasSession(TensorflowSession):
     def backward(self, loss, tape=None) -> None:
         """The user's loss plus the model's layer losses (`model.losses`: L2 regularizers, which
         build_model uses for weight_decay; so a user's loss leaves them out), through Horovod's
-        optimizer."""
+        optimizer. Several models: every model's layer losses added under the tape, then the Keras 3
+        session's backward (one tape.gradient for every model; each reached model's gradients kept for its
+        step, which reduces them with Horovod's allreduce and applies them with its optimizer)."""
         if tape is None:
             raise ToolkitError("TensorFlow computes gradients from a tape: compute the loss under "
                                "`with tf.GradientTape() as tape:` and call session.backward(loss, tape)")
+        if len(self.parts) > 1:
+            with tape:      # the layers' L2 terms are computed when read: under the tape, or no gradient
+                terms = [t for part in self.parts for t in part.model.losses]
+                with_terms = loss + tf.add_n(terms) if terms else loss
+            super().backward(with_terms, tape)
+            return
         # Keras's own train_step path: Horovod's optimizer allreduces in compute_gradients (every k-th
         # call: it aggregates locally before), not in apply_gradients, so minimize, not apply_gradients
         # (which applied each rank's own gradients: replicas drifted apart). The layers' L2 terms are
@@ -72,4 +83,6 @@ class TfKerasSession(TensorflowSession):
         self.micro += 1
 
     def _apply_step(self) -> None:
-        pass                # the k-th backward() applied it (Horovod's backward_passes_per_step)
+        if len(self.parts) > 1:
+            super()._apply_step()
+        # one model: the k-th backward() applied it (Horovod's backward_passes_per_step)

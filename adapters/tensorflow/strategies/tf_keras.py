@@ -64,6 +64,7 @@ class TfKerasHorovod(TensorflowHorovod):
             average_aggregated_gradients=True)   # k micro-batch means -> their mean: the large batch
         session.optimizer.build(session.model.trainable_variables)   # state exists on every rank, for broadcast
         session.model.compile(optimizer=session.optimizer, loss=lambda y, logits: session.loss_fn(logits, y))
+        session.compile_steps(reduce=self.hvd.size() > 1 and not self.exchange)    # several models' step
 
     def broadcast(self, session, root: int = 0) -> None:
         self.hvd.broadcast_variables(session.model.variables + list(session.optimizer.variables), root_rank=root)
