@@ -628,8 +628,8 @@ MUTANTS = [
              ""),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
     Mutant("fsdp-optimizer-by-name", "an fsdp checkpoint loads unsharded (torch's own optimizer format)",
-           (("adapters/torch/sharding.py", '"optimizer": _keyed(optimizer, _names(part), by_name=False) if optimizer '
-             'else None}', '"optimizer": optimizer or None}'),),
+           (("adapters/torch/sharding.py", '"optimizer": by_name(optimizer, names(part, strategy), to_names=False) '
+             'if optimizer else None}', '"optimizer": optimizer or None}'),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
     Mutant("sharded-rank0-writes", "a sharded checkpoint on torch.distributed is written by every rank, its own shards",
            (("adapters/torch/sharded.py", '    return (strategy.name == "native" and getattr(strategy, "sharding", None) '

@@ -13,9 +13,9 @@ and `state.pt` with {"format": "sharded", "models": their number, the precision'
   resumes on any number of ranks and any sharding (fsdp -> none, 2 -> 3 -> 1 ranks): DCP reshards.
   `get_state_dict` creates an empty optimizer's state first (a step on zero gradients at learning rate 0, which
   leaves the parameters as they are); the load then overwrites it.
-- **Horovod, ZeRO and a single process** (no torch.distributed process group, or ZeRO's own split): rank 0 writes the whole state as DCP
-  files (`no_dist`) and reads one back whole without a process group (DCP's `dcp_to_torch_save`), then the
-  strategy's broadcast shares it as for a single checkpoint.
+- **Horovod, ZeRO and a single process** (no torch.distributed process group, or ZeRO's own split): rank 0
+  writes the whole state as DCP files (`no_dist`) and reads one back whole without a process group (DCP's
+  `dcp_to_torch_save`), then the strategy's broadcast shares it as for a single checkpoint.
 
 The loaders' positions, the exchange's residuals and the random generators stay in the files rank 0 writes for
 every format (adapters/checkpointer.py).
@@ -49,9 +49,9 @@ def names(part, strategy) -> list[list[str]]:
     return [[name_of[id(p)] for p in group["params"]] for group in part.optimizer.param_groups]
 
 
-def _by_name(state: dict, names: list[list[str]], to_names: bool) -> dict:
-    """An optimizer state dict re-keyed: torch's own (parameters numbered in group order) to parameters by name
-    (`to_names`), or back."""
+def by_name(state: dict, names: list[list[str]], to_names: bool) -> dict:
+    """An optimizer state dict re-keyed: torch's own (parameters numbered in group order) to
+    torch.distributed.checkpoint's (parameters by name; `to_names`), or back."""
     flat = [n for group in names for n in group]
     old_to_new = dict(enumerate(flat)) if to_names else {n: i for i, n in enumerate(flat)}
     return {"state": {old_to_new[k]: v for k, v in state["state"].items()},
@@ -125,7 +125,7 @@ def save_whole(whole: list[dict], names_: list[list[list[str]]], folder: Path) -
     """Rank 0 alone (no process group): the parts' whole states (`strategy.full_state`'s; `names_`: each part's
     `names`) as DCP files."""
     import torch.distributed.checkpoint as dcp
-    states = {f"part{i}": {"model": state["model"], "optimizer": _by_name(state["optimizer"], n, to_names=True)}
+    states = {f"part{i}": {"model": state["model"], "optimizer": by_name(state["optimizer"], n, to_names=True)}
               for i, (state, n) in enumerate(zip(whole, names_))}
     try:
         dcp.save(states, checkpoint_id=str(folder), no_dist=True)
@@ -147,5 +147,5 @@ def load_whole(parts, strategy, folder: Path) -> list[dict]:
     """Rank 0 alone: every part's whole state as torch's own state dicts (`whole`)."""
     states = whole(folder)
     return [{"model": states[i]["model"],
-             "optimizer": _by_name(states[i]["optimizer"], names(part, strategy), to_names=False)}
+             "optimizer": by_name(states[i]["optimizer"], names(part, strategy), to_names=False)}
             for i, part in enumerate(parts)]

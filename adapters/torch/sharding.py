@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from toolkit.adapters.torch.sharded import by_name, names
 from toolkit.config import Precision, Sharding
 from toolkit.errors import ToolkitError
 
@@ -100,22 +101,7 @@ def full_state(part, strategy) -> dict:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     optimizer = get_optimizer_state_dict(part.model, part.optimizer, options=options)
     return {"model": get_model_state_dict(part.model, options=options),
-            "optimizer": _keyed(optimizer, _names(part), by_name=False) if optimizer else None}
-
-
-def _names(part) -> list[list[str]]:
-    """Each optimizer group's parameter names, in the group's order (the plain state dict's ids count them)."""
-    name_of = {id(p): n for n, p in part.model.named_parameters()}
-    return [[name_of[id(p)] for p in group["params"]] for group in part.optimizer.param_groups]
-
-
-def _keyed(state: dict, names: list[list[str]], by_name: bool) -> dict:
-    """An optimizer state dict re-keyed: torch's own (parameters numbered in group order) to
-    torch.distributed.checkpoint's (parameters by name), or back."""
-    ids = [(i, n) for i, n in enumerate(n for group in names for n in group)]
-    old_to_new = {i: n for i, n in ids} if by_name else {n: i for i, n in ids}
-    return {"state": {old_to_new[k]: v for k, v in state["state"].items()},
-            "param_groups": [{**g, "params": [old_to_new[k] for k in g["params"]]} for g in state["param_groups"]]}
+            "optimizer": by_name(optimizer, names(part, strategy), to_names=False) if optimizer else None}
 
 
 def broadcast(session, strategy, stash: dict | None) -> None:
@@ -138,5 +124,5 @@ def broadcast(session, strategy, stash: dict | None) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(part.model, stash["model"] if stash else {}, options=options)
-    optimizer = _keyed(stash["optimizer"], _names(part), by_name=True) if stash else {}
+    optimizer = by_name(stash["optimizer"], names(part, strategy), to_names=True) if stash else {}
     set_optimizer_state_dict(part.model, part.optimizer, optimizer, options=options)
