@@ -74,3 +74,17 @@ def test_a_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_pat
     checkpoint always verifies. Most kills land inside a write (a hidden folder left): at least one must."""
     inside = kill_writers(WRITER, tmp_path / "ckpt", trials=4, pause=(0.05, 0.5))
     assert inside >= 1, "no kill landed inside a save: the test exercised nothing"
+
+
+def test_a_sharded_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_path):
+    """The same with checkpoint_format sharded (one process: rank 0 writes the whole state as DCP files from its
+    thread): the newest checkpoint always verifies, and consolidates whole."""
+    from toolkit.run import checkpoint
+    folder = tmp_path / "ckpt"
+    script = WRITER.replace("quiet=True)", "quiet=True, checkpoint_format='sharded')")
+    assert script != WRITER
+    inside = kill_writers(script, folder, trials=3, pause=(0.05, 0.5))
+    assert inside >= 1, "no kill landed inside a save: the test exercised nothing"
+    from toolkit.adapters.torch import sharded
+    path, _ = checkpoint.latest(folder)
+    assert tuple(sharded.whole(path)[0]["model"]["weight"].shape) == (1024, 1024)
