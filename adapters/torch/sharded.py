@@ -22,7 +22,9 @@ every format (adapters/checkpointer.py).
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,14 @@ def save_async(parts, strategy, folder: Path):
 _GROUP: Any = None      # save_async's process group
 
 
+@contextlib.contextmanager
+def _one_process():
+    """DCP without a process group (`no_dist`) warns on every call that it assumes one process: it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_whole(whole: list[dict], names_: list[list[list[str]]], folder: Path) -> None:
     """Rank 0 alone (no process group): the parts' whole states (`strategy.full_state`'s; `names_`: each part's
     `names`) as DCP files."""
@@ -128,7 +138,8 @@ def save_whole(whole: list[dict], names_: list[list[list[str]]], folder: Path) -
     states = {f"part{i}": {"model": state["model"], "optimizer": by_name(state["optimizer"], n, to_names=True)}
               for i, (state, n) in enumerate(zip(whole, names_))}
     try:
-        dcp.save(states, checkpoint_id=str(folder), no_dist=True)
+        with _one_process():
+            dcp.save(states, checkpoint_id=str(folder), no_dist=True)
     except Exception as e:
         raise _failed(folder, "write", e) from None
 
@@ -138,7 +149,8 @@ def whole(folder: Path) -> list[dict]:
     each part's {"model", "optimizer" (by parameter name)}, plain tensors on the CPU."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     with tempfile.TemporaryDirectory(prefix="toolkit-consolidate-") as tmp:
-        dcp_to_torch_save(str(folder), Path(tmp) / "whole.pt")
+        with _one_process():
+            dcp_to_torch_save(str(folder), Path(tmp) / "whole.pt")
         states = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
     return [states[f"part{i}"] for i in range(len(states))]
 
