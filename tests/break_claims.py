@@ -649,7 +649,7 @@ MUTANTS = [
              "    future.set_result(None)"),),
            (f"{NT}::test_native_equals_horovod_and_checkpoints_cross_backends_and_sharding",)),
     Mutant("sharded-whole-snapshot-live", "a sharded save in the background holds its step's state (rank 0's copy)",
-           (("adapters/torch/session.py", "            whole, self._saving = _host_copy(self._saving), None",
+           (("adapters/torch/session.py", "            whole, self._saving = keep(self._saving), None",
              "            whole, self._saving = self._saving, None"),),
            ("tests/test_checkpoint_async.py::test_an_async_save_holds_its_steps_state_while_training_changes_the_weights",)),
     Mutant("mlflow-run-opened-late", "a user's loop saving before its first log keeps its MLflow run in the checkpoint",

@@ -45,6 +45,7 @@ class TorchSession(Session):
     _array_ops = None
     _loss: Any                  # the step's summed micro-batch losses (backward)
     _saving: Any                # the parts' whole states, from _gather_objects to _save_objects
+    _shards_written: Any = None  # checkpoint_async, sharded on every rank: what waits for this rank's write
 
     @property
     def torch_device(self) -> torch.device:
@@ -354,7 +355,7 @@ class TorchSession(Session):
     def wait_shards(self) -> None:
         """This rank's shards of the save in the background written; their error is rank 0's to report (DCP gives
         every rank the same), through the checkpointer's wait."""
-        wait, self._shards_written = getattr(self, "_shards_written", None), None
+        wait, self._shards_written = self._shards_written, None
         if wait is not None:
             try:
                 wait()
@@ -376,26 +377,27 @@ class TorchSession(Session):
             state["parts"] = others
         return state
 
-    def _save_objects(self, folder: Path) -> None:
+    def _writer(self, copy: bool):
+        """What writes state.pt (and a sharded checkpoint's whole state through rank 0) into a folder; `copy`
+        (checkpoint_async): every tensor copied to host memory now, written later in the background."""
+        keep = _host_copy if copy else (lambda value: value)
+        whole, names = None, []
         if self._sharded_format and not self.shards_on_every_rank:     # rank 0 alone: the whole state, as DCP's
-            whole, self._saving = self._saving, None
-            sharded.save_whole(whole, [sharded.names(p, self.strategy) for p in self.parts], folder)
-        torch.save(self._state(), folder / STATE_FILE)
-
-    def _snapshot_objects(self):
-        """checkpoint_async: every tensor of the state copied to host memory now (a memory copy, not a
-        serialisation), torch.save'd later in the background."""
-        whole = None
-        if self._sharded_format and not self.shards_on_every_rank:
-            whole, self._saving = _host_copy(self._saving), None
+            whole, self._saving = keep(self._saving), None
             names = [sharded.names(p, self.strategy) for p in self.parts]
-        state = _host_copy(self._state())
+        state = keep(self._state())
 
         def write(folder: Path) -> None:
             if whole is not None:
                 sharded.save_whole(whole, names, folder)
             torch.save(state, folder / STATE_FILE)
         return write
+
+    def _save_objects(self, folder: Path) -> None:
+        self._writer(copy=False)(folder)
+
+    def _snapshot_objects(self):
+        return self._writer(copy=True)
 
     def _load_objects(self, folder: Path) -> None:
         state = torch.load(folder / STATE_FILE, map_location=self.torch_device, weights_only=True)
