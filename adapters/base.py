@@ -159,9 +159,9 @@ class Session(TensorWork):
         distributed optimizer with compression, accumulation and op, or the toolkit's exchange);
         then rank 0's parameters, buffers and optimizer state on every rank. `optimizer=None`
         makes the config's (sgd/adam, lr, momentum, weight_decay); `loss=None` is cross-entropy on
-        logits. Returns (model, optimizer): use these from now on. Call it once per model where the
-        framework takes several (torch, MXNet, Keras 3 on Horovod: a GAN's generator and discriminator,
-        each with its own optimizer; `step(optimizer)` then says which one steps)."""
+        logits. Returns (model, optimizer): use these from now on. Call it once per model: several
+        models (a GAN's generator and discriminator, each with its own optimizer) train in every framework
+        and backend; `step(optimizer)` then says which one steps."""
         if self.parts:
             self._refuse_another_model()
         part = Part()
@@ -186,7 +186,6 @@ class Session(TensorWork):
         self._seed(self.config.seed)
         return part.model, part.optimizer
 
-    several_models = False      # whether setup() takes a second model (the framework's session says)
     compression_choice = None   # compression: auto, what it chose (toolkit/planner/auto.py `Choice`)
 
     def _choose_compression(self) -> None:
@@ -202,10 +201,7 @@ class Session(TensorWork):
         messages.say(self.rank, choice.line(), self.config.quiet)
 
     def _refuse_another_model(self) -> None:
-        if not self.several_models:
-            raise ToolkitError(f"session.setup() was called twice: several models in one session train on torch, "
-                               f"MXNet, Keras 3 and tf-keras on Horovod; {self.path} trains one model a session (combine them "
-                               "in one model)")
+        """A second setup(): refused in one line where the config moves gradients that only one model can take."""
         self.strategy.check_another_model()
 
     @property

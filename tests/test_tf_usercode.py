@@ -150,12 +150,14 @@ def gan(a, session) -> dict:
     import tensorflow as tf
     keras = importlib.import_module("tf_keras" if a.keras == "tf_keras" else "keras")
     samples, noise_size = 256, 4
-    generator = keras.Sequential([keras.Input((noise_size,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(2)])
-    discriminator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16), keras.layers.LeakyReLU(0.2),
-                                      keras.layers.Dense(1)])
-    generator, g_opt = session.setup(generator, keras.optimizers.Adam(0.003))
-    discriminator, d_opt = session.setup(discriminator, keras.optimizers.SGD(0.05, momentum=0.9))
+    with session.scope():       # TensorFlow's strategy's (backend native); nothing on Horovod
+        generator = keras.Sequential([keras.Input((noise_size,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(2)])
+        discriminator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16), keras.layers.LeakyReLU(0.2),
+                                          keras.layers.Dense(1)])
+        g_opt, d_opt = keras.optimizers.Adam(0.003), keras.optimizers.SGD(0.05, momentum=0.9)
+    generator, g_opt = session.setup(generator, g_opt)
+    discriminator, d_opt = session.setup(discriminator, d_opt)
     initial = [[w.copy() for w in m.get_weights()] for m in (generator, discriminator)]
     angle = np.random.RandomState(3).uniform(0, 2 * np.pi, samples)
     ring = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
@@ -212,6 +214,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=("fit", "loop", "batches", "gan"))
     p.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
+    p.add_argument("--backend", choices=("horovod", "native"), default="horovod")
     p.add_argument("--schedule", choices=("cosine", "custom"), default="cosine")
     p.add_argument("--elements", choices=("tuple", "triple", "dict"), default="tuple")
     p.add_argument("--epochs", type=int, default=2)
@@ -227,8 +230,8 @@ def main() -> int:
         Path(a.out).write_text(json.dumps(batches(a)))
         return 0
     import toolkit
-    session = toolkit.start(framework="tensorflow", keras=a.keras, batch_size=a.batch_size, optimizer="sgd", lr=LR,
-                            momentum=0.9, quiet=True)
+    session = toolkit.start(framework="tensorflow", keras=a.keras, backend=a.backend, batch_size=a.batch_size,
+                            optimizer="sgd", lr=LR, momentum=0.9, quiet=True)
     out = {"fit": fit, "loop": loop, "gan": gan}[a.mode](a, session)
     if session.is_main:
         Path(a.out).write_text(json.dumps(out))
@@ -237,8 +240,8 @@ def main() -> int:
 
 # -- the tests ------------------------------------------------------------------------------------------
 def launch(tmp_path, *args, ranks: int = 2, name: str = "out") -> dict:
-    """This file on `ranks` ranks (toolkit launch, Gloo; one: a plain process); rank 0's record (and
-    the loop's final weights, as "weights")."""
+    """This file on `ranks` ranks (toolkit launch, Gloo; with `--backend native`: TensorFlow's workers, each with
+    its TF_CONFIG; one rank: a plain process); rank 0's record (and the loop's final weights, as "weights")."""
     import numpy as np
 
     from tests.conftest import horovod_status, run
@@ -248,7 +251,8 @@ def launch(tmp_path, *args, ranks: int = 2, name: str = "out") -> dict:
     out = tmp_path / f"{name}-{ranks}.json"
     argv = [sys.executable, SCRIPT, *args, "--out", out]
     if ranks > 1:
-        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, "--gloo", "--timeout", "290", "--", *argv]
+        how = ["--framework", "tensorflow", "--backend", "native"] if "native" in args else ["--gloo"]
+        argv = [sys.executable, "-m", "toolkit", "launch", "-np", ranks, *how, "--timeout", "290", "--", *argv]
     proc = run(argv, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads(out.read_text())
@@ -339,25 +343,30 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
+@pytest.mark.parametrize("keras", ["keras3", "tf_keras", "native"])
 def test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly(tmp_path, keras):
-    """Keras 3 and tf-keras on Horovod: generator (Adam) and discriminator (SGD with momentum) set up one after the
+    """Keras 3 and tf-keras on Horovod, and Keras 3 on TensorFlow's MultiWorkerMirroredStrategy (backend
+    native, 2 workers): generator (Adam) and discriminator (SGD with momentum) set up one after the
     other; the discriminator's loss steps with `step()` (every model it reached: the discriminator only),
     the generator's with `step(g_opt)` (its backward also gives the discriminator gradients: dropped at
     the next backward): replicas of both identical, every sample once an epoch, one
     checkpoint holding both, and a run stopped mid-epoch and resumed ends bit for bit where the
     uninterrupted one did."""
-    straight = launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "a"), name="straight")
+    how = ["--backend", "native"] if keras == "native" else ["--keras", keras]
+    straight = launch(tmp_path, "gan", *how, "--checkpoint-dir", str(tmp_path / "a"), name="straight")
     assert straight["global_step"] == 2 * 2 * 256 // (2 * BATCH), straight["global_step"]   # two steps a batch
     assert len(set(straight["digests"])) == 1, straight["digests"]
     assert straight["trained"] == [True, True], "both models must have stepped"
     counts = Counter(straight["seen"])
     assert len(counts) == 256 and set(counts.values()) == {2}, f"{256 - len(counts)} unseen, {set(counts.values())}"
-    launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "b"), "--stop-at", "10", name="cut")
+    launch(tmp_path, "gan", *how, "--checkpoint-dir", str(tmp_path / "b"), "--stop-at", "10", name="cut")
     kept = next((tmp_path / "b").glob("ckpt-*"))
     assert sorted(p.name for p in kept.glob("*.npz") if p.name.startswith(("weights", "optimizer"))) == [
         "optimizer.npz", "optimizer1.npz", "weights.npz", "weights1.npz"]
-    resumed = launch(tmp_path, "gan", "--keras", keras, "--checkpoint-dir", str(tmp_path / "b"), "--resume",
-                     name="resumed")
+    resumed = launch(tmp_path, "gan", *how, "--checkpoint-dir", str(tmp_path / "b"), "--resume", name="resumed")
     assert resumed["digests"] == straight["digests"], "the resumed GAN ended elsewhere"
     assert resumed["weights"] == straight["weights"]
+    if keras == "native":       # the user's loop reduces as Horovod does: the same GAN, bit for bit (2 ranks)
+        horovod = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "h"), name="horovod")
+        assert straight["weights"] == horovod["weights"], \
+            (straight["weights"], horovod["weights"])

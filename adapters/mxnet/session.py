@@ -57,7 +57,6 @@ class MxnetSession(DeferredShapes, Session):
     name = "mxnet"
     strategy: MxnetStrategy
     params = part_own("params")      # the model's Gluon ParameterDict (per model: several models, a GAN's two)
-    several_models = True
     accumulate = False      # gradients add up in .grad (set by the strategy's wrap)
     _samples = 0
     _loss: Any              # the step's summed micro-batch losses (backward)

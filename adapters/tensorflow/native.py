@@ -1,8 +1,9 @@
 """TensorFlow's own strategies (adapters/tensorflow/strategies/native.py), the session's tensor work:
 each replica's model, made inside the strategy's scope, starts from its own weights (seed + replica),
-the step runs per replica inside the strategy. A user's model must be made inside `session.scope()`
-(the strategy's scope), as TensorFlow asks. Everything Keras 3 that does not move gradients is
-shared with the Horovod session (keras.py).
+the built-in step (`train_step`) runs per replica inside the strategy. A user's model must be made
+inside `session.scope()` (the strategy's scope), as TensorFlow asks. A user's own loop
+(`backward(loss, tape)`, `step()`, several models) is the Horovod session's (session.py), its reduce
+the strategy's collective over the processes.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit.adapters.parts import part_own
 from toolkit.adapters.tensorflow import models
-from toolkit.adapters.tensorflow.keras import KerasSession
+from toolkit.adapters.tensorflow.session import TensorflowSession
 from toolkit.adapters.topology import digest
 from toolkit.errors import ToolkitError
 
@@ -21,11 +23,9 @@ if TYPE_CHECKING:
     from toolkit.adapters.tensorflow.strategies.native import TensorflowNative
 
 
-class NativeSession(KerasSession):
-    name = "tensorflow"
-    several_models = False      # steps inside TensorFlow's strategy (train_step, fit): one model's
-    any_batch = True            # the step's batches of any structure (adapters/batches.py), split per replica
+class NativeSession(TensorflowSession):
     strategy: TensorflowNative
+    _native_step = part_own("native_step")     # the built-in step inside the strategy, per model (strategy's)
 
     # -- model ------------------------------------------------------------------------------------
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):
@@ -65,13 +65,6 @@ class NativeSession(KerasSession):
     def _train_step(self, batches) -> float:
         return self.strategy.train_step(self, batches)
 
-    def backward(self, loss, tape=None) -> None:
-        raise ToolkitError("backend=native steps inside TensorFlow's strategy: use session.train_step(batches) "
-                           "(or Keras's own model.fit with the strategy); backward/step run on backend horovod")
-
-    def _apply_step(self) -> None:
-        raise ToolkitError("backend=native: use session.train_step(batches)")
-
     def local_gradients(self, batches=None):
         raise ToolkitError("backend=native (tensorflow) has no toolkit exchange: compression bf16/int8/topk/"
                            "powersgd, local SGD and the parameter server run on backend: horovod; or use "
@@ -90,6 +83,8 @@ class NativeSession(KerasSession):
                 for v in self._statistics()]
 
     def replica_parameters(self) -> list[list]:
-        per_variable = [self.strategy.tf.experimental_local_results(v.value) for v in self.model.weights]
+        """Each replica's copy of every model's weights, in setup order."""
+        per_variable = [self.strategy.tf.experimental_local_results(v.value)
+                        for part in (self.parts or [self.part]) for v in part.model.weights]
         return [[np.asarray(values[r]) for values in per_variable] for r in range(self.replicas)]
 

@@ -18,7 +18,6 @@ from toolkit.errors import ToolkitError
 
 class TensorflowSession(KerasSession):
     name = "tensorflow"
-    several_models = True       # Keras 3 on Horovod: a GAN's two models, each with its graph functions
     any_batch = True            # the built-in step's batches of any structure (adapters/batches.py)
 
     def _refuse_another_model(self) -> None:

@@ -33,8 +33,6 @@ def build_model(config, num_features: int, num_classes: int) -> tf_keras.Model:
 class TfKerasSession(TensorflowSession):
     name = "tensorflow"
     keras = tf_keras
-    several_models = True       # one model: Horovod's tf-keras optimizer steps inside backward; several: the
-                                # Keras 3 session's step (each model's gradients from one tape, reduced, applied)
     any_batch = False           # the step is Keras's train_on_batch(x, y)
 
     def builtin_model(self, num_features: int, num_classes: int, input_shape: tuple | None = None):

@@ -40,7 +40,6 @@ STATE_FILE = "state.pt"
 
 class TorchSession(Session):
     name = "torch"
-    several_models = True
     strategy: TorchStrategy
     _array_ops = None
     _loss: Any                  # the step's summed micro-batch losses (backward)

@@ -11,6 +11,11 @@ is broken upstream (keras-team/keras#20585), so both run the toolkit's custom lo
   (Keras 3's optimizer all-reduces SUM across replicas inside `apply_gradients`; the toolkit
   scales by 1/replicas for op=average);
 - coupled L2 weight decay, lr schedule, checkpoints and object collectives as everywhere else.
+
+A user's own loop (`backward(loss, tape)`, `step()`, several models) runs per process, as on Horovod:
+the loss's gradients on the process's whole batch, summed over the processes by the strategy's
+collective (`reduce_gradients`), applied in the cross-replica context, where Keras 3's optimizer
+updates every replica's copy with the one reduced gradient.
 """
 from __future__ import annotations
 
@@ -89,7 +94,7 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         strategy_name = "MultiWorkerMirroredStrategy" if kind is TfStrategy.MULTI_WORKER_MIRRORED else "MirroredStrategy"
         self.path = f"tf.distribute.{strategy_name}, Keras 3 custom loop"
         self.size, self.rank, self.replicas = size, rank, replicas
-        self._process_sum = self._make_process_sum(replicas)
+        self._process_sum = self._make_process_sum()
         return Topology(rank, size, local_rank, local_size, device, replicas)
 
     @staticmethod
@@ -112,8 +117,10 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         with self.tf.scope():
             if not session.optimizer.built:
                 session.optimizer.build(session.model.trainable_variables)
-        session.start_replicas_apart()
+        if len(session.parts) == 1:
+            session.start_replicas_apart()
         self._compile_steps(session)
+        session.compile_steps(reduce=True)      # the user's loop: backward(loss, tape), step()
 
     def _compile_steps(self, session) -> None:
         variables, replicas, k = session.model.trainable_variables, self.tf.num_replicas_in_sync, \
@@ -138,7 +145,31 @@ class TensorflowNative(TensorflowStrategy, Strategy):
         def step(batch):
             return self.tf.run(replica_step, args=(batch,))
 
-        self._step = step
+        session._native_step = step
+
+    # -- inside the session's step graph, a user's loop (cross-replica context) ------------------------
+    def reduce_gradients(self, grads) -> list:
+        """This process's gradients (of its replicas' whole batch) reduced over the processes as `op`
+        says: average, or the sum over every replica (this process's mean gradient x its replicas)."""
+        if self.size > 1:
+            summed = self.tf.run(self._keep_one_per_process, args=(list(grads),))
+            grads = [self.tf.experimental_local_results(g)[0] for g in summed]
+        if self.config.op is Op.AVERAGE:
+            return [g / self.size for g in grads] if self.size > 1 else list(grads)
+        return [g * self.replicas for g in grads]
+
+    def average_loss(self, loss):
+        loss = tf.cast(loss, tf.float32)
+        if self.size == 1:
+            return loss
+        return self.tf.experimental_local_results(self.tf.run(self._keep_one_per_process, args=(loss,)))[0] / self.size
+
+    def _keep_one_per_process(self, values):
+        """Replica context: the SUM over processes of `values` (a structure every replica of a process
+        holds the same of), the first replica of each process counting."""
+        ctx = tf.distribute.get_replica_context()
+        keep = tf.equal(ctx.replica_id_in_sync_group % self.replicas, 0)
+        return ctx.all_reduce(SUM, tf.nest.map_structure(lambda v: v * tf.cast(keep, v.dtype), values))
 
     def broadcast(self, session, root: int = 0) -> None:
         """Replica 0's model and optimizer state on every replica (masked SUM all-reduce)."""
@@ -166,18 +197,13 @@ class TensorflowNative(TensorflowStrategy, Strategy):
             return self.tf.experimental_distribute_values_from_function(
                 lambda ctx: tf.constant(a[:, (ctx.replica_id_in_sync_group - first) * b:][:, :b]))
 
-        losses = self._step(tf.nest.map_structure(per_replica, stacked))
+        losses = session._native_step(tf.nest.map_structure(per_replica, stacked))
         return float(np.mean([t.numpy() for t in self.tf.experimental_local_results(losses)]))
 
     # -- collectives over processes, through the strategy's own all-reduce -------------------------
-    def _make_process_sum(self, local: int):
-
-        def replica_fn(value):
-            ctx = tf.distribute.get_replica_context()
-            keep = tf.cast(tf.equal(ctx.replica_id_in_sync_group % local, 0), value.dtype)  # one per process
-            return ctx.all_reduce(SUM, value * keep)
-
-        return tf.function(lambda value: self.tf.run(replica_fn, args=(value,)), reduce_retracing=True)
+    def _make_process_sum(self):
+        return tf.function(lambda value: self.tf.run(self._keep_one_per_process, args=(value,)),
+                           reduce_retracing=True)
 
     def _sum_over_processes(self, array: np.ndarray) -> np.ndarray:
         if self.size == 1:
