@@ -104,17 +104,23 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run_and_sees_every_sample_onc
     assert set(counts[0].values()) == {1} and len(counts[0]) == 512 and len(counts[1]) == 512
 
 
-@pytest.mark.parametrize("fw", ["torch", "torch-native", "mxnet"], indirect=True)
+@pytest.mark.parametrize("fw", ["torch", "torch-native", "tensorflow", "mxnet"], indirect=True)
 def test_one_backward_then_each_optimizer_steps_as_one_optimizer_over_both(fw, tmp_path):
-    """A backbone and a head set up with their own optimizers (MXNet: two Trainers), one loss: after each
-    backward both step (by name, in any order; Horovod: also session.step() for both), and the job ends bit
-    for bit where one optimizer over the whole model ends, one optimizer step counted per backward."""
-    one = user_loop(fw, tmp_path / "one.json", "--epochs", "1", "--two-optimizers", "one")
-    variants = ["named", "all"] if fw != "torch-native" else ["named"]
-    for variant in variants:
-        two = user_loop(fw, tmp_path / f"{variant}.json", "--epochs", "1", "--two-optimizers", variant)
-        assert len(set(two["final_digests"])) == 1 and two["final_digests"] == one["final_digests"], (variant, two)
-        assert max_diff(two["weights"], one["weights"]) == 0 and two["steps"] == one["steps"] == 16
+    """A backbone and a head set up with their own optimizers (MXNet: two Trainers; Keras: two models), one loss,
+    2 micro-batches a step: after each backward both step (by name, in any order), and the job ends bit for bit
+    where one optimizer over the whole model ends, one optimizer step counted per 2 backward passes. With
+    clip_grad_norm each part's reduced gradient is clipped to the bound on its own (one clip over both would
+    leave each part below it) and `session.step()` (Horovod; DDP: by name) steps both."""
+    one = user_loop(fw, tmp_path / "one.json", "--epochs", "1", "--accumulation-steps", "2", "--two-optimizers", "one")
+    two = user_loop(fw, tmp_path / "named.json", "--epochs", "1", "--accumulation-steps", "2",
+                    "--two-optimizers", "named")
+    assert len(set(two["final_digests"])) == 1 and two["final_digests"] == one["final_digests"], two
+    assert max_diff(two["weights"], one["weights"]) == 0 and two["steps"] == one["steps"] == 8
+    bound = 0.01
+    clipped = user_loop(fw, tmp_path / "clipped.json", "--epochs", "1", "--momentum", "0", "--record-parts",
+                        "--two-optimizers", "named" if fw == "torch-native" else "all", "--set", f"clip_grad_norm={bound}")
+    assert len(clipped["updates"]) == 16 and len(set(clipped["final_digests"])) == 1
+    assert all(abs(update - bound) < 1e-2 * bound for step in clipped["updates"] for update in step), clipped["updates"]
 
 
 def test_the_built_in_script_trains_a_user_module(fw, tmp_path):

@@ -69,10 +69,11 @@ def main() -> int:
     p.add_argument("--record-steps", action="store_true", help="record each step's applied update: "
                    "|w_after - w_before| / lr (with momentum 0: the norm of the gradient the optimizer applied)")
     p.add_argument("--poison-step", type=int, default=-1, help="multiply that step's loss by inf (a blow-up)")
-    p.add_argument("--two-optimizers", choices=["one", "named", "all"], help="torch or mxnet, the model without BatchNorm "
-                   "as a backbone and a head: one: one optimizer over both (the reference); named: each set up with "
+    p.add_argument("--two-optimizers", choices=["one", "named", "all"], help="the model without BatchNorm as a "
+                   "backbone and a head: one: one optimizer over both (the reference); named: each set up with "
                    "its own, both stepped after each backward (session.step(head's), then backbone's); all: "
                    "session.step() steps both")
+    p.add_argument("--record-parts", action="store_true", help="--two-optimizers: each step's update of each part")
     p.add_argument("--random", action="store_true", help="add noise drawn from Python's, numpy's and the "
                    "framework's generators to every batch (a resume must continue their streams)")
     p.add_argument("--compile", action="store_true", help="torch: session.setup(torch.compile(model))")
@@ -88,7 +89,7 @@ def main() -> int:
     with session.scope():
         model = plain_model(a.framework) if a.no_bn else user_code.build(session.config)
     if a.two_optimizers:
-        return (two_optimizers if a.framework == "torch" else two_trainers)(session, plain_model(a.framework), a)
+        return two_optimizers(session, a)
     if a.compile:
         import torch
         model = torch.compile(model)
@@ -120,79 +121,125 @@ def main() -> int:
     return finish(session, a, initial, seen, n, **({"syncs": counter.steps} if a.count_syncs else {}))
 
 
-def two_optimizers(session, model, a) -> int:
-    """One loss over a backbone and a head with their own optimizers (Horovod's two DistributedOptimizers,
-    or DDP twice), as a plain loop steps them: backward once, then each optimizer."""
+def two_optimizers(session, a) -> int:
+    """One loss over a backbone and a head with their own optimizers (Horovod's two DistributedOptimizers or
+    DistributedTrainers, or DDP twice), as a plain loop steps them: backward once, then each optimizer.
+    `--record-parts`: each step's update of each part, |w_after - w_before| / lr (momentum 0: the norm of
+    the gradient its optimizer applied)."""
+    modules, optimizers, backward, weights_of = {"torch": torch_parts, "tensorflow": keras_parts,
+                                                 "mxnet": gluon_parts}[a.framework](session, a)
+    data, _ = indexed(a.framework)
+    loader = session.loader(data)
+    updates = []
+    for epoch in range(a.epochs):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            before = [weights_of(m) for m in modules]
+            backward(x, y)
+            if a.two_optimizers == "named":
+                stepped = [session.step(optimizers[-1]), session.step(optimizers[0])]    # any order, each once
+                assert stepped[0] == stepped[1], stepped
+                stepped = stepped[0]
+            else:
+                stepped = session.step()
+            if stepped and a.record_parts:
+                updates.append([float(np.sqrt(sum(((w1 - w0).astype(np.float64) ** 2).sum()
+                                                  for w0, w1 in zip(b, weights_of(m))))) / a.lr
+                                for b, m in zip(before, modules)])
+    weights = [w for m in modules for w in weights_of(m)]
+    return two_optimizers_done(session, a, weights, updates=updates)
 
+
+def torch_parts(session, a):
+    """(modules, optimizers, backward(x, y), weights_of) of torch's backbone and head (or the whole)."""
     import torch
     import torch.nn.functional as F
+    model = plain_model("torch")
 
     def sgd(module):
         return torch.optim.SGD(module.parameters(), lr=a.lr, momentum=a.momentum)
     if a.two_optimizers == "one":
-        whole, _ = session.setup(model, sgd(model))
-        forward = whole
+        whole, optimizer = session.setup(model, sgd(model))
+        modules, optimizers, forward = [whole], [optimizer], whole
     else:
         backbone, opt_backbone = session.setup(model[:2], sgd(model[:2]))
         head, opt_head = session.setup(model[2:], sgd(model[2:]))
+        modules, optimizers = [backbone, head], [opt_backbone, opt_head]
 
         def forward(x):
             return head(backbone(x))
-    data, _ = indexed("torch")
-    loader = session.loader(data)
-    for epoch in range(a.epochs):
-        loader.set_epoch(epoch)
-        for x, y in loader:
-            session.backward(F.cross_entropy(forward(x), y))
-            if a.two_optimizers == "named":
-                session.step(opt_head), session.step(opt_backbone)      # any order, each once
-            else:
-                session.step()
-    return two_optimizers_done(session, a, [p.detach().cpu().numpy().copy() for p in model.parameters()])
+    return (modules, optimizers, lambda x, y: session.backward(F.cross_entropy(forward(x), y)),
+            lambda m: [p.detach().cpu().numpy().copy() for p in m.parameters()])
 
 
-def two_trainers(session, model, a) -> int:
-    """two_optimizers in Gluon: a backbone and a head with their own optimizers (Horovod's two
-    DistributedTrainers), one loss, backward once, then each optimizer."""
+def keras_parts(session, a):
+    """The same in Keras 3: a backbone model and a head model, or one Sequential of both."""
+    import keras
+    import tensorflow as tf
+    with session.scope():
+        backbone = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu")])
+        head = keras.Sequential([keras.Input((32,)), keras.layers.Dense(4)])
 
+    def sgd():
+        with session.scope():
+            return keras.optimizers.SGD(learning_rate=a.lr, momentum=a.momentum)
+    if a.two_optimizers == "one":
+        with session.scope():
+            whole = keras.Sequential([keras.Input((16,)), backbone, head])
+        whole, optimizer = session.setup(whole, sgd())
+        modules, optimizers, forward = [whole], [optimizer], whole
+    else:
+        backbone, opt_backbone = session.setup(backbone, sgd())
+        head, opt_head = session.setup(head, sgd())
+        modules, optimizers = [backbone, head], [opt_backbone, opt_head]
+
+        def forward(x):
+            return head(backbone(x, training=True), training=True)
+
+    def backward(x, y):
+        with tf.GradientTape() as tape:
+            logits = forward(x)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+        session.backward(loss, tape)
+    return modules, optimizers, backward, lambda m: [v.numpy() for v in m.trainable_variables]
+
+
+def gluon_parts(session, a):
+    """The same in Gluon (two Trainers)."""
     import mxnet as mx
     from mxnet import autograd, gluon
+    model = plain_model("mxnet")
 
     def sgd():
         return mx.optimizer.SGD(learning_rate=a.lr, momentum=a.momentum)
     model.initialize(mx.init.Xavier())      # here, so both cases start from the same draws (setup() reseeds)
     if a.two_optimizers == "one":
-        forward, _ = session.setup(model, sgd())
+        whole, trainer = session.setup(model, sgd())
+        modules, optimizers, forward = [whole], [trainer], whole
     else:
         backbone, opt_backbone = session.setup(model[:1], sgd())
         head, opt_head = session.setup(model[1:], sgd())
+        modules, optimizers = [backbone, head], [opt_backbone, opt_head]
 
         def forward(x):
             return head(backbone(x))
-    data, _ = indexed("mxnet")
-    loader = session.loader(data)
     cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss()
-    for epoch in range(a.epochs):
-        loader.set_epoch(epoch)
-        for x, y in loader:
-            with autograd.record():
-                loss = cross_entropy(forward(x), y)
-            session.backward(loss)
-            if a.two_optimizers == "named":
-                session.step(opt_head), session.step(opt_backbone)      # any order, each once
-            else:
-                session.step()
-    return two_optimizers_done(session, a, [p.data().asnumpy().copy() for p in model.collect_params().values()])
+
+    def backward(x, y):
+        with autograd.record():
+            loss = cross_entropy(forward(x), y)
+        session.backward(loss)
+    return modules, optimizers, backward, lambda m: [p.data().asnumpy().copy() for p in m.collect_params().values()]
 
 
-def two_optimizers_done(session, a, weights) -> int:
+def two_optimizers_done(session, a, weights, **extra) -> int:
     """The final weights (of the modules setup() shares) and every rank's digest of them, written by rank 0."""
     import hashlib
     digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()[:16]
     digests = session.allgather_object(digest, name="two_optimizers")
     if session.is_main:
         np.savez(a.out + ".npz", *weights)
-        Path(a.out).write_text(json.dumps({"final_digests": digests, "steps": session.global_step}))
+        Path(a.out).write_text(json.dumps({"final_digests": digests, "steps": session.global_step, **extra}))
     session.close()
     return 0
 

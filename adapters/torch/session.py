@@ -210,10 +210,13 @@ class TorchSession(Session):
                     lambda p, i=i: comm.gradient_ready(i, ops.asarray(p.grad.detach())))
         return out
 
-    def _arm(self, last: bool) -> None:
-        """Before a backward pass: whether it is the step's last micro-batch (overlap's hooks start buckets then)."""
-        if self.communication is not None:
-            self.communication.arm(last)
+    def _before_pass(self, last: bool, parts) -> None:
+        """Each model in `parts` told whether the coming pass is the step's last micro-batch (DDP/FSDP sync, overlap)."""
+        for part in parts:
+            with self._using(part):
+                self.strategy.sync_gradients(self, last)
+                if self.communication is not None:
+                    self.communication.arm(last)
 
     def has_gradients(self, part) -> bool:
         return any(p.grad is not None for p in part.model.parameters())
@@ -222,12 +225,11 @@ class TorchSession(Session):
         self._new_backward()
         k = self.config.accumulation_steps
         loss = loss / k if k > 1 else loss
-        self.strategy.sync_gradients(self, self.micro == k - 1)       # read by this backward (FSDP)
-        self._arm(self.micro == k - 1)
+        self._before_pass(self.micro == k - 1, self.parts)         # read by this backward (FSDP, overlap)
         self.precision.backward(loss)
         self._loss = loss.detach() if self.micro == 0 else self._loss + loss.detach()    # the step's mean loss
         self.micro += 1
-        self.strategy.sync_gradients(self, self.micro % k == k - 1)   # read by the next forward (DDP)
+        self._before_pass(self.micro % k == k - 1, self.parts)    # read by the next forward (DDP)
 
     def _micro_batches(self, batches):
         """Mean loss of the micro-batches (a device tensor, no host sync) with their gradients in .grad."""
@@ -236,8 +238,7 @@ class TorchSession(Session):
         self.optimizer.zero_grad()
         total = None
         for i, batch in enumerate(batches):
-            self.strategy.sync_gradients(self, i == len(batches) - 1)     # accumulation: the last one reduces
-            self._arm(i == len(batches) - 1)
+            self._before_pass(i == len(batches) - 1, [self.part])     # accumulation: the last one reduces
             with self.autocast():
                 loss = batches_module.loss_of(self, batch)
             if len(batches) > 1:
