@@ -247,6 +247,43 @@ def test_ddp_buckets_follow_torchs_assignment():
     assert scaling.ddp_comm_end([0.01, 0.01], [0.01, 0.05], cost) == pytest.approx(0.06)
 
 
+def test_the_overlapped_exchange_hides_what_fits_under_the_backward_pass():
+    """torch's bf16/int8 in buckets beside the backward pass: the flat gradient cut every bucket's bytes through
+    tensors, each bucket's exchange (its share of the collectives and compression work) starting once its last
+    gradient is ready and the bucket before it started; only what runs past the pass adds to the step."""
+    assert scaling.exchange_buckets([3.0, 3.0, 4.0], 4.0) == [(4.0, 1), (4.0, 2), (2.0, 2)]
+    assert scaling.exchange_buckets([10.0], 4.0) == [(4.0, 0), (4.0, 0), (2.0, 0)]
+    cluster = scaling.Cluster(1, wire.Link(1e-5, 1e9, overhead=1e-3), wire.Link(1e-5, 1e9))
+    work = scaling.Workload(compute_s=0.3, tensor_values=(1_000_000,) * 8)      # 32 MB of float32, backward 0.2 s
+    whole = scaling.Method("int8", "exchange", collectives=(("allgather", 8e6),), compress_s=0.004, decode_s=0.002,
+                           reducible=True)
+    overlapped = replace(whole, bucket_bytes=8e6)                                # 4 buckets of 2 gradients
+    after = scaling.step_time(work, whole, cluster, 8)
+    during = scaling.step_time(work, overlapped, cluster, 8)
+    quarter = scaling.step_time(replace(work, tensor_values=(2_000_000,)), whole.part(0.25), cluster, 8)
+    assert after.exposed_s == pytest.approx(after.comm_s + 0.004 * (1 + 1 / 8) + 2 * 0.002)
+    # the first three buckets end long before the pass does: only the last one, ready at its end, shows
+    assert during.exposed_s == pytest.approx(quarter.exposed_s) and during.exposed_s < after.exposed_s / 3
+    # no backward pass to hide behind: the four buckets one after another, each paying its own latencies
+    instant = scaling.step_time(replace(work, backward_fraction=0.0), overlapped, cluster, 8)
+    assert instant.exposed_s == pytest.approx(4 * quarter.exposed_s) and instant.exposed_s > after.exposed_s
+
+
+def test_plan_overlaps_torchs_compressed_exchange_only():
+    """The plan's bf16/int8 rows run in buckets beside the backward pass on torch (as on a GPU, overlap unset, or
+    overlap: true), after it with overlap: false and on TensorFlow and MXNet."""
+    from toolkit.config import Config
+    from toolkit.planner import plan
+    shapes = [(256, 256), (256,)]
+    for values, bucket in (({"framework": "torch"}, 25 * MiB), ({"framework": "torch", "compression": "int8", "overlap": True,
+                                                                 "bucket_mb": 4},
+                                                                4 * MiB),
+                           ({"framework": "torch", "overlap": False}, 0.0), ({"framework": "tensorflow"}, 0.0),
+                           ({"framework": "mxnet"}, 0.0)):
+        methods = plan.methods(Config.from_dict(values), ["int8", "int8_hierarchical", "topk"], shapes, 0.0)
+        assert [m.bucket_bytes for m in methods] == [bucket, bucket, 0.0], values
+
+
 def test_ddp_on_a_free_link_costs_only_the_compute():
     free = scaling.Cluster(8, wire.Link(0.0, math.inf), wire.Link(0.0, math.inf))
     for work in random_workloads(20):

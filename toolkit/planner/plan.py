@@ -115,6 +115,8 @@ def exchange_config(config: Config, name: str) -> Config:
         values["topk_ratio"] = config.topk_ratio if own else None
     if name == "powersgd":
         values["powersgd_rank"] = config.powersgd_rank if own else None
+    if name not in ("bf16", "int8"):       # overlap: true is theirs only
+        values["overlap"] = None
     return Config.from_dict(values)
 
 
@@ -150,8 +152,11 @@ def record(config: Config, name: str, shapes: list, compression_s: float | None,
         compress, decode = compression_s, 0.0
     label = (f"topk {cfg.topk_ratio:g}" if name == "topk" else
              f"powersgd rank {cfg.powersgd_rank}" if name == "powersgd" else name)
+    # torch overlaps bf16 and int8 with the backward pass on a GPU (overlap unset) or when asked (overlap: true)
+    overlaps = cfg.overlap_capable and cfg.framework == "torch" and config.overlap is not False
     return scaling.Method(label, "exchange", collectives=tuple(calls), compress_s=compress,
-                          decode_s=decode, lossless=False, reducible=name in ("bf16", "int8"))
+                          decode_s=decode, lossless=False, reducible=name in ("bf16", "int8"),
+                          bucket_bytes=config.bucket_mb * 2**20 if overlaps else 0.0)
 
 
 def methods(config: Config, names: list[str], shapes: list, compression_s: float | None) -> list[scaling.Method]:

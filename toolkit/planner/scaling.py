@@ -32,7 +32,11 @@ plus the part of the communication that does not hide behind the backward pass:
   an alltoall of the payload and an allgather of 1/N of it, else an allgather: `exchange_form`;
   powersgd: two allreduces) runs after the backward pass on all gradients at once, plus its
   compression work (`exchange_work`: compress once, decompress and add every rank's payload: N times
-  for the allgathered methods; twice a payload's worth for the compressed allreduce).
+  for the allgathered methods; twice a payload's worth for the compressed allreduce). torch's bf16 and
+  int8 (flat or hierarchical) overlap the backward pass instead (`Method.bucket_bytes`): the flat
+  gradient in buckets of `bucket_mb` (toolkit/exchange/buckets.py), each exchanged with its
+  compression work once its last gradient is ready and the bucket before it has started, one after
+  another (`exchange_comm_end`); only what runs past the backward pass adds to the step.
 - Local SGD averages the model (parameters and optimizer slots) with one allreduce every k steps.
 Stragglers: each worker's compute varies (coefficient of variation `straggle`); a synchronous step
 waits for the slowest of N, whose expected excess over the mean is about `straggle` times the
@@ -47,7 +51,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,12 +65,17 @@ from toolkit.exchange.wire import (
     ring_allreduce,
 )
 from toolkit.planner.cluster import Cluster
+from toolkit.planner.timeline import (
+    DDP_BUCKET_LIMITS,
+    ddp_buckets,
+    ddp_comm_end,
+    exchange_buckets,
+    horovod_comm_end,
+    ready_times,
+)
 
 COLLECTIVES = {"allreduce": ring_allreduce, "allgather": ring_allgather, "alltoall": pairwise_alltoall}
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024   # Horovod 0.28.1's default (horovod/common/operations.cc)
-# torch's DDP bucket limits: the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES), then every other
-# (bucket_cap_mb's default, 25 MiB), as torch/nn/parallel/distributed.py passes them to its Reducer
-DDP_BUCKET_LIMITS = (1024 * 1024, 25 * 1024 * 1024)
 
 
 # -- one step ----------------------------------------------------------------------------------------
@@ -79,73 +87,21 @@ def expected_max_normal(n: int) -> float:
     return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def ready_times(tensor_bytes: list[float], backward_s: float, ready_fractions=None) -> list[float]:
-    """When each gradient is ready, in seconds from the backward pass's start. `tensor_bytes`: each
-    gradient's bytes, in the order the backward pass produces them, each ready at its
-    `ready_fractions` of the pass (what share of the backward compute is done by then), or, without
-    them, when the pass has done its share in proportion to bytes."""
-    if ready_fractions:
-        return [backward_s * f for f in ready_fractions]
-    total, ready, acc = sum(tensor_bytes), [], 0.0
-    for b in tensor_bytes:
-        acc += b
-        ready.append(backward_s * acc / total if total else backward_s)
-    return ready
+def exchange_comm_end(workload: "Workload", method: "Method", cluster: Cluster, n: int, backward_s: float) -> float:
+    """When the overlapped exchange's last bucket is done, in seconds from the backward pass's start: each bucket's
+    exchange (its share of the collectives and of the compression work) starts once its last gradient is ready
+    and the one before it has started, and they run one after another (`ddp_comm_end`'s order)."""
+    grads = [4.0 * v for v in workload.tensor_values]
+    ready = ready_times(grads, backward_s, workload.ready)
+    buckets = exchange_buckets(grads, method.bucket_bytes)
+    total = sum(grads)
 
-
-def horovod_comm_end(tensor_bytes: list[float], backward_s: float, reduce_cost, fusion_bytes: float,
-                     cycle_s: float, ready_fractions: Sequence[float] | None = None) -> float:
-    """When the last gradient has been reduced, in seconds from the backward pass's start.
-
-    `tensor_bytes`: each gradient's bytes on the wire, ready as `ready_times` says. Horovod's loop starts a
-    cycle at least `cycle_s` after the last one began and after its work ended (its phase against the
-    step is arbitrary: the first tick half a cycle into the pass, the mean), fuses the gradients
-    ready by then into buffers of up to `fusion_bytes` (one that is larger goes alone; 0: no fusion)
-    and reduces the buffers one after another, `reduce_cost(bytes)` each."""
-    if not tensor_bytes or sum(tensor_bytes) == 0:
-        return 0.0
-    ready = ready_times(tensor_bytes, backward_s, ready_fractions)
-    start, end, i = -cycle_s / 2, 0.0, 0
-    while i < len(tensor_bytes):
-        start = max(start + cycle_s, end)
-        if ready[i] > start:        # nothing ready: sleep whole cycles until something is
-            start += cycle_s * math.ceil((ready[i] - start) / cycle_s) if cycle_s > 0 else ready[i] - start
-        end = start
-        buffer = 0.0
-        while i < len(tensor_bytes) and ready[i] <= start:
-            if buffer and buffer + tensor_bytes[i] > fusion_bytes:
-                end += reduce_cost(buffer)
-                buffer = 0.0
-            buffer += tensor_bytes[i]
-            i += 1
-        end += reduce_cost(buffer)
-    return end
-
-
-def ddp_buckets(tensor_bytes: list[float], limits=DDP_BUCKET_LIMITS) -> list[range]:
-    """DDP's buckets, as torch's Reducer rebuilds them after the first step (compute_bucket_assignment_by_size
-    on the gradients in the order they became ready): each gradient joins the open bucket, which closes
-    once it holds its limit or more (so a bucket can end above its limit); the first bucket's limit is
-    `limits[0]`, the next one's the next, the last limit holds for all the rest. Each bucket is the
-    range of the gradients' indices it holds."""
-    out, start, size, k = [], 0, 0.0, 0
-    for i, b in enumerate(tensor_bytes):
-        size += b
-        if size >= limits[k]:
-            out.append(range(start, i + 1))
-            start, size, k = i + 1, 0.0, min(k + 1, len(limits) - 1)
-    return out + ([range(start, len(tensor_bytes))] if start < len(tensor_bytes) else [])
-
-
-def ddp_comm_end(bucket_bytes: list[float], bucket_ready: list[float], reduce_cost) -> float:
-    """When DDP's last bucket has been reduced, in seconds from the backward pass's start: bucket i's
-    allreduce (`reduce_cost(bytes)`) is launched once its last gradient is ready (`bucket_ready`) and
-    bucket i-1's was launched (its Reducer launches them in order), and the one communication
-    stream runs them one after another."""
-    end = 0.0
-    for size, ready in zip(bucket_bytes, bucket_ready):
-        end = max(end, ready) + reduce_cost(size)
-    return end
+    def cost(size: float) -> float:
+        share = size / total
+        comm, work = method.part(share).exchange_s(replace(workload, tensor_values=(workload.values * share,)),
+                                                   cluster, n)
+        return comm + work
+    return ddp_comm_end([b for b, _ in buckets], [ready[i] for _, i in buckets], cost)
 
 
 @dataclass(frozen=True)
@@ -182,6 +138,8 @@ class Method:
     decode_s: float = 0.0             # decompress and add one rank's whole payload
     reducible: bool = False           # bf16, int8: the allgather above or the compressed allreduce, the cheaper at N
     hierarchical: bool = False        # the exchange in two levels (toolkit/exchange/hierarchy.py) across nodes
+    bucket_bytes: float = 0.0         # the exchange in buckets of this many float32 bytes beside the backward pass
+                                      # (torch's overlap); 0: after it, whole
     local_steps: int = 1
     lossless: bool = True             # same arithmetic as plain allreduce (up to summation order)
     note: str = ""
@@ -223,8 +181,21 @@ class Method:
         return (g, m) if self.hierarchical and g > 1 and m > 1 else None
 
     def shard(self, g: int) -> "Method":    # one G-th of the gradient: the hierarchical form's part across nodes
-        return replace(self, collectives=tuple((k, b / g) for k, b in self.collectives), compress_s=self.compress_s / g,
-                       decode_s=self.decode_s / g, hierarchical=False)
+        return replace(self.part(1 / g), hierarchical=False)
+
+    def part(self, share: float) -> "Method":
+        """The exchange of a `share` of the gradient (a bucket's): its bytes and compression work in proportion."""
+        return replace(self, collectives=tuple((k, b * share) for k, b in self.collectives),
+                       compress_s=self.compress_s * share, decode_s=self.decode_s * share)
+
+    def exchange_s(self, workload: Workload, cluster: "Cluster", n: int) -> tuple[float, float]:
+        """(communication, compression work) of one exchange of `workload`'s gradient at N workers."""
+        calls = self.calls(workload, cluster, n)
+        comm = sum(COLLECTIVES[kind](b, among, link) for kind, b, among, link in calls)
+        levels = self.levels(cluster, n)      # hierarchical: the compression work is on a G-th, among M
+        work, among, first = (self, n, calls[0][0]) if levels is None else (self.shard(levels[0]), levels[1],
+                                                                             calls[2][0])
+        return comm, exchange_work(first == "alltoall", among, work.compress_s, work.decode_s)
 
     def bytes_per_step(self, workload: Workload, cluster: "Cluster | None" = None, n: int = 2) -> float:
         """What one worker hands to collectives per step (bytes_sent_per_step's meaning)."""
@@ -283,12 +254,13 @@ def step_time(workload: Workload, method: Method, cluster: Cluster, n: int) -> S
             end = ddp_comm_end(sizes, [ready[b[-1]] for b in buckets], lambda b: ring_allreduce(b, n, link))
         exposed = max(0.0, end - backward) + wait
     elif method.kind == "exchange":
-        calls = method.calls(workload, cluster, n)
-        comm = sum(COLLECTIVES[kind](b, among, link) for kind, b, among, link in calls)
-        levels = method.levels(cluster, n)      # hierarchical: the compression work is on a G-th, among M
-        work, among, first = (method, n, calls[0][0]) if levels is None else (method.shard(levels[0]), levels[1],
-                                                                               calls[2][0])
-        exposed = comm + exchange_work(first == "alltoall", among, work.compress_s, work.decode_s) + wait
+        comm, work = method.exchange_s(workload, cluster, n)
+        if method.bucket_bytes:
+            backward = compute * workload.backward_fraction
+            end = exchange_comm_end(workload, method, cluster, n, backward)
+            exposed = max(0.0, end - backward) + wait
+        else:
+            exposed = comm + work + wait
     elif method.kind == "local_sgd":
         state = 4.0 * (workload.state_values or 2 * workload.values)
         comm = cluster.allreduce(state, n) / method.local_steps
