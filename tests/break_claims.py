@@ -441,6 +441,10 @@ MUTANTS = [
                                  "        if self.size > 1:\n            summed = self.tf.run",
                                  "        if False:\n            summed = self.tf.run"),),
            (f"{TU}::test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exactly[native]",)),
+    Mutant("native-loop-sum-per-process", "op sum in a user's loop on MirroredStrategy sums over every replica",
+           (("adapters/tensorflow/strategies/native.py", "        return [g * self.replicas for g in grads]",
+             "        return list(grads)"),),
+           (f"{TU}::test_a_users_step_on_two_mirrored_devices_applies_the_gradient_op_says[sum]",)),
     Mutant("native-loop-sums", "a user's loop on TensorFlow's native strategies averages over the workers, as Horovod",
            (("adapters/tensorflow/strategies/native.py",
              "            return [g / self.size for g in grads] if self.size > 1 else list(grads)",
@@ -973,7 +977,8 @@ def run(mutant: Mutant) -> tuple[bool, float, str]:
     # what failed: the first assertion or error line pytest printed (else its last line)
     why = next((ln[1:].strip() for ln in proc.stdout.splitlines() if ln.startswith("E ")), None)
     tail = why or ([ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or [""])[0]
-    return proc.returncode not in (0, 5), seconds, tail[:160].replace("|", "/")      # 5: no test collected
+    # 4: a test id not found (pytest's usage error), 5: no test collected: neither is a test that caught it
+    return proc.returncode not in (0, 4, 5), seconds, tail[:160].replace("|", "/")
 
 
 def main() -> int:

@@ -24,3 +24,14 @@ def test_every_mutant_still_has_its_target_text_once_and_its_tests(mutant):
 def test_mutant_ids_are_unique():
     ids = [m.id for m in MUTANTS]
     assert len(ids) == len(set(ids))
+
+
+def test_every_test_a_mutant_names_is_collected():
+    """Each mutant's test ids, parametrized ones included, name tests pytest collects (a wrong id would run
+    nothing, and the mutant would look caught)."""
+    import subprocess
+    import sys
+    ids = sorted({t for m in MUTANTS for t in m.tests})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *ids], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -9,8 +9,10 @@
 - a user's own loop over a tf.data dataset whose elements are dicts or 3-tuples: every sample once
   per epoch across the ranks, replicas equal; under tf-keras, 2 ranks step as one rank with their
   whole batch;
-- a GAN in Keras 3 and tf-keras on Horovod: two models set up with their own optimizers, each stepped by name, one
-  checkpoint with both, a run stopped mid-epoch and resumed ending where the uninterrupted one did.
+- a GAN in Keras 3 and tf-keras on Horovod and on MultiWorkerMirroredStrategy: two models set up with their own
+  optimizers, each stepped by name, one checkpoint with both, a run stopped mid-epoch and resumed ending where the
+  uninterrupted one did;
+- a user's step on MirroredStrategy's 2 devices in one process applies the gradient `op` says.
 
 The tests launch this file itself as each rank's script (`toolkit launch -np 2 --gloo`):
 
@@ -194,6 +196,34 @@ def gan(a, session) -> dict:
             "weights": [float(np.sum(w)) for m in (generator, discriminator) for w in m.get_weights()]}
 
 
+def applied(a, session) -> dict:
+    """One step of a user's loop on a fixed batch (SGD, momentum 0): the update each weight got, divided by the
+    learning rate, against the gradient of the same loss on the same batch taken here with a tape of our own."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    with session.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        optimizer = keras.optimizers.SGD(LR)
+    model, optimizer = session.setup(model, optimizer)
+    x = tf.constant(np.random.RandomState(0).randn(8, 4).astype(np.float32))
+
+    def loss_and_tape():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True)))
+        return loss, tape
+    loss, tape = loss_and_tape()
+    expected = [g.numpy() for g in tape.gradient(loss, [v.value for v in model.trainable_variables])]
+    before = [v.numpy() for v in model.trainable_variables]
+    session.backward(*loss_and_tape())
+    session.step()
+    got = [(b - v.numpy()) / LR for b, v in zip(before, model.trainable_variables)]
+    ratios = [float(np.sum(g * e) / np.sum(e * e)) for g, e in zip(got, expected)]     # got = ratio x expected?
+    return {"ratios": ratios, "off": max(float(np.abs(g - r * e).max() / np.abs(e).max())
+                                         for g, e, r in zip(got, expected, ratios)),
+            "digests": session.check_replicas(), "replicas": session.replicas}
+
+
 def batches(a) -> list:
     """A 2-replica loader in one process (as MirroredStrategy's) over 8 samples, batch 2: each batch's
     structure and fields."""
@@ -212,9 +242,11 @@ def batches(a) -> list:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("fit", "loop", "batches", "gan"))
+    p.add_argument("mode", choices=("fit", "loop", "batches", "gan", "applied"))
     p.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
     p.add_argument("--backend", choices=("horovod", "native"), default="horovod")
+    p.add_argument("--native", nargs=3, metavar=("STRATEGY", "DEVICES", "OP"), help="backend native: strategy, "
+                   "num_devices, op")
     p.add_argument("--schedule", choices=("cosine", "custom"), default="cosine")
     p.add_argument("--elements", choices=("tuple", "triple", "dict"), default="tuple")
     p.add_argument("--epochs", type=int, default=2)
@@ -230,9 +262,10 @@ def main() -> int:
         Path(a.out).write_text(json.dumps(batches(a)))
         return 0
     import toolkit
+    native = dict(zip(("strategy", "num_devices", "op"), a.native)) if a.native else {}
     session = toolkit.start(framework="tensorflow", keras=a.keras, backend=a.backend, batch_size=a.batch_size,
-                            optimizer="sgd", lr=LR, momentum=0.9, quiet=True)
-    out = {"fit": fit, "loop": loop, "gan": gan}[a.mode](a, session)
+                            optimizer="sgd", lr=LR, momentum=0.9, quiet=True, **native)
+    out = {"fit": fit, "loop": loop, "gan": gan, "applied": applied}[a.mode](a, session)
     if session.is_main:
         Path(a.out).write_text(json.dumps(out))
     return 0
@@ -370,3 +403,13 @@ def test_a_keras_gan_trains_two_models_with_their_own_optimizers_and_resumes_exa
         horovod = launch(tmp_path, "gan", "--checkpoint-dir", str(tmp_path / "h"), name="horovod")
         assert straight["weights"] == horovod["weights"], \
             (straight["weights"], horovod["weights"])
+
+
+@pytest.mark.parametrize("op, ratio", [("average", 1.0), ("sum", 2.0)], ids=["average", "sum"])
+def test_a_users_step_on_two_mirrored_devices_applies_the_gradient_op_says(tmp_path, op, ratio):
+    """MirroredStrategy on 2 logical CPUs in one process, a user's loop: one backward(loss, tape) and step() apply
+    the loss's gradient on the process's batch (op average), or the sum over the 2 replicas' halves (op sum: twice
+    it, as 2 Horovod ranks with a half each sum), to both replicas' copies."""
+    out = launch(tmp_path, "applied", "--backend", "native", "--native", "mirrored", "2", op, ranks=1, name=op)
+    assert out["replicas"] == 2 and len(set(out["digests"])) == 1, out
+    assert out["ratios"] == pytest.approx([ratio, ratio], rel=1e-5) and out["off"] < 1e-5, out
