@@ -70,6 +70,7 @@ for step in range(10**6):
 """
 
 
+@pytest.mark.serial      # the kills are timed to land inside a write: no other job beside it
 def test_a_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_path):
     """A loop that saves in the background after every step, killed with SIGKILL at random moments: the newest
     checkpoint always verifies. Most kills land inside a write (a hidden folder left): at least one must."""
@@ -77,6 +78,7 @@ def test_a_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_pat
     assert inside >= 1, "no kill landed inside a save: the test exercised nothing"
 
 
+@pytest.mark.serial      # the kills are timed to land inside a write: no other job beside it
 def test_a_sharded_writer_killed_during_async_saves_leaves_a_loadable_checkpoint(tmp_path):
     """The same with checkpoint_format sharded (one process: rank 0 writes the whole state as DCP files from its
     thread): the newest checkpoint always verifies, and consolidates whole."""

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, TRAIN, assert_replicas, clean_env, digits, horovod_status, one_line_error, summary
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.serial]     # shaped links, timed probes: alone
 SCRIPT = ROOT / "tests" / "netns_hosts.sh"
 
 

@@ -2,18 +2,24 @@
 
 mypy maps a file to its module by its folder, and adapters/ installs as toolkit.adapters (pyproject's
 package-dir), so the check runs on a tree of links laid out as the installed package: toolkit/'s
-entries and toolkit/adapters -> adapters/. The settings are pyproject's [tool.mypy].
+entries and toolkit/adapters -> adapters/. The settings are pyproject's [tool.mypy]. mypy's cache is
+kept beside the toolkit's other caches (~/.cache/toolkit/mypy; under TOOLKIT_CACHE_DIR or
+XDG_CACHE_HOME where set): a fresh clone checks in seconds instead of ~40 s, since mypy takes a cached
+module only when its source's hash matches.
 
     .venv/bin/python tests/typecheck.py          # mypy's report; exit 1 on an error
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+             / "toolkit") / "mypy"
 
 
 def main() -> int:
@@ -25,7 +31,7 @@ def main() -> int:
                 (package / entry.name).symlink_to(entry)
         (package / "adapters").symlink_to(ROOT / "adapters")
         cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-               "--cache-dir", str(ROOT / ".mypy_cache"), "-p", "toolkit"]
+               "--cache-dir", str(CACHE), "-p", "toolkit"]
         return subprocess.run(cmd, cwd=tmp).returncode
 
 
