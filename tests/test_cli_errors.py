@@ -1,4 +1,5 @@
 """Bad input through the real CLI: one line naming the field or flag and the fix, non-zero, no traceback."""
+import sys
 import time
 
 import pytest
@@ -113,6 +114,15 @@ def test_a_rank_failing_under_toolkit_launch_shows_its_line_and_exits_with_its_c
     assert proc.returncode == 2, proc.stderr
     one_line_error(proc, "sync=async_ps/ssp talks through MPI", "toolkit launch --mpi", launched=True)
     assert "Traceback" not in proc.stderr and not proc.stdout.strip(), proc.stdout + proc.stderr
+
+
+def test_a_gloo_rank_asking_for_mpi_is_refused_before_mpi_starts():
+    """Refused before MPI_Init: a singleton init starts Open MPI's daemon, which at the rank's exit can print
+    its own `ORTE_ERROR_LOG: Broken pipe` line beside the toolkit's one (seen under two pytest workers)."""
+    code = ("import sys\nfrom toolkit.run import ps\ntry:\n    ps._world()\nexcept Exception as e:\n"
+            "    print(type(e).__name__, 'mpi4py.MPI' in sys.modules)")
+    proc = run([sys.executable, "-c", code], timeout=60, env=clean_env(HOROVOD_RANK="0"))
+    assert proc.stdout.split() == ["ToolkitError", "False"], proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "tf_config"])

@@ -245,19 +245,24 @@ class Client:
         return merged
 
 
+# Set in each process an MPI launcher starts (Open MPI's mpirun, Hydra/PMI, PMIx under srun).
+MPI_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
 def _world():
-    """MPI.COMM_WORLD, or a one-line error when this process was not started by MPI."""
+    """MPI.COMM_WORLD, or a one-line error when this process was not started by MPI. A Horovod rank that no MPI
+    launcher started is refused before MPI initializes: a singleton MPI_Init would start Open MPI's daemon, which
+    prints its own error when the process exits with this one."""
     import os
+    if "HOROVOD_RANK" in os.environ and not any(k in os.environ for k in MPI_LAUNCHED):
+        raise ToolkitError("sync=async_ps/ssp talks through MPI and this job was started over Gloo; launch with "
+                           "mpirun, `horovodrun --mpi` or `toolkit launch --mpi`")
     try:
         from mpi4py import MPI
     except ImportError:
         from toolkit.install import support
         raise ToolkitError(f"sync=async_ps/ssp needs mpi4py: {support.install_fix('mpi4py')}") from None
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1 and "HOROVOD_RANK" in os.environ:
-        raise ToolkitError("sync=async_ps/ssp talks through MPI and this job was started over Gloo; launch with "
-                           "mpirun, `horovodrun --mpi` or `toolkit launch --mpi`")
-    return world
+    return MPI.COMM_WORLD
 
 
 def summarize(stats: dict) -> dict:
