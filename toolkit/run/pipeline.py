@@ -19,20 +19,23 @@ from pathlib import Path
 from toolkit import api
 from toolkit.errors import ToolkitError
 from toolkit.run import checkpoint, quiet
+from toolkit.startup import collector_paused
 
 
 def start(config, comm=None):
     """Quiet logs (before any framework is imported), then the framework's session on its strategy:
-    init, one device per local rank, threads, seeds."""
+    init, one device per local rank, threads, seeds; the imports without Python's collector (toolkit/startup.py)."""
     quiet.quiet_framework_logs(config)
-    return api.start(config, comm)
+    with collector_paused():
+        return api.start(config, comm)
 
 
 def prepare(config, session, data):
     """setup (the user's or the built-in model, broadcast) -> every replica's initial digest -> loaders.
     Returns (initial digests, train loader, eval loader). Elastic: the digests are this rank's own,
     no collective before hvd.elastic.run (a worker that joins later meets the others in its sync)."""
-    api.setup(config, session, data)
+    with collector_paused():
+        api.setup(config, session, data)
     if config.elastic:
         initial = list(session.local_digests)
     else:
