@@ -73,6 +73,7 @@ class _TwoRanks:
         return [obj, obj]
 
 
+@pytest.mark.serial      # times real compression against a simulated link: no other job beside it
 def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes():
     """`measure` runs each candidate's exchange as training would (Horovod's allreduce for none and fp16, the
     toolkit's exchange with its compression for bf16 and int8) on a gradient of the model's size: on a 10 MB/s
