@@ -6,13 +6,15 @@ one marker syntax); `write_between` replaces what lies between them and nothing 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -49,6 +51,35 @@ def alternating(blocks: dict, rounds: int) -> dict:
             block()
             seconds[name].append(time.perf_counter() - t0)
     return seconds
+
+
+# -- a commit's code beside the working tree's -------------------------------------------------------
+
+def which_toolkit(code: Path) -> str:
+    """The toolkit and adapters a job launched from `code` imports (the venv maps both to the checkout)."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    script = "import toolkit, toolkit.adapters as a; print(toolkit.__file__, a.__file__)"
+    return subprocess.run([sys.executable, "-c", script], cwd=code, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def before_and_after(commit: str, worktree: Path) -> Iterator[dict]:
+    """{"before": `commit` checked out in `worktree`, "after": ROOT}, each checked to import its own toolkit
+    (a job runs with PYTHONPATH and cwd set to one of them); the worktree is removed at the end."""
+    subprocess.run(["git", "worktree", "add", "--detach", "--force", str(worktree), commit], cwd=ROOT, check=True,
+                   capture_output=True)
+    # the editable install maps toolkit.adapters to this checkout's adapters/: the worktree's own, by a link
+    (worktree / "toolkit" / "adapters").symlink_to(worktree / "adapters")
+    try:
+        codes = {"before": worktree, "after": ROOT}
+        for name, code in codes.items():
+            for found in which_toolkit(code).split():
+                if not found.startswith(str(code)):
+                    raise SystemExit(f"{name}: imports {found}, not {code}'s toolkit")
+        yield codes
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
 
 
 # -- the machine -----------------------------------------------------------------------------------

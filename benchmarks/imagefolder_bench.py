@@ -121,14 +121,6 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def which_toolkit(code: Path) -> str:
-    """The toolkit and adapters a job launched from `code` imports (the venv maps both to the checkout)."""
-    env = dict(os.environ, PYTHONPATH=str(code))
-    script = "import toolkit, toolkit.adapters as a; print(toolkit.__file__, a.__file__)"
-    return subprocess.run([sys.executable, "-c", script], cwd=code, env=env,
-                          capture_output=True, text=True, check=True).stdout.strip()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=Path("/tmp/imagefolder-200k"))
@@ -147,17 +139,7 @@ def main() -> None:
     print(f"folder {a.root}: {a.files} files ({time.perf_counter() - t0:.0f} s to make or find)", flush=True)
     if a.generate_only:
         return
-    worktree = Path("/tmp/imagefolder-bench-before")
-    subprocess.run(["git", "worktree", "add", "--detach", "--force", str(worktree), a.before], cwd=ROOT, check=True,
-                   capture_output=True)
-    # the editable install maps toolkit.adapters to this checkout's adapters/: the worktree's own, by a link
-    (worktree / "toolkit" / "adapters").symlink_to(worktree / "adapters")
-    try:
-        codes = {"before": worktree, "after": ROOT}
-        for name, code in codes.items():
-            for found in which_toolkit(code).split():
-                if not found.startswith(str(code)):
-                    raise SystemExit(f"{name}: imports {found}, not {code}'s toolkit")
+    with common.before_and_after(a.before, Path("/tmp/imagefolder-bench-before")) as codes:
         caches = ["cold", "warm"] if a.cold else ["warm"]
         results = {}
         for framework in a.frameworks.split(","):
@@ -171,8 +153,6 @@ def main() -> None:
                         seconds = time_to_first_step(codes[name], framework, a.root, a.timeout)
                         results.setdefault((framework, cache, name), []).append(seconds)
                         print(f"{framework} {cache} {name} round {r}: {seconds:.1f} s", flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     rows = []
     for framework in a.frameworks.split(","):
         for cache in caches:

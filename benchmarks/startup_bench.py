@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.imagefolder_bench import which_toolkit
 
 ROOT = common.ROOT
 
@@ -48,19 +47,9 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--write-docs", action="store_true")
     a = p.parse_args()
-    worktree = Path("/tmp/startup-bench-before")
-    subprocess.run(["git", "worktree", "add", "--detach", "--force", str(worktree), a.before], cwd=ROOT, check=True,
-                   capture_output=True)
-    # the editable install maps toolkit.adapters to this checkout's adapters/: the worktree's own, by a link
-    (worktree / "toolkit" / "adapters").symlink_to(worktree / "adapters")
     frameworks = a.frameworks.split(",")
     results: dict = {}
-    try:
-        codes = {"before": worktree, "after": ROOT}
-        for name, code in codes.items():
-            for found in which_toolkit(code).split():
-                if not found.startswith(str(code)):
-                    raise SystemExit(f"{name}: imports {found}, not {code}'s toolkit")
+    with common.before_and_after(a.before, Path("/tmp/startup-bench-before")) as codes:
         for framework in frameworks:
             for code in codes.values():      # once untimed each: the page cache, bytecode
                 one_job(code, framework, a.timeout)
@@ -69,8 +58,6 @@ def main() -> None:
                     wall, cpu = one_job(codes[name], framework, a.timeout)
                     results.setdefault((framework, name), []).append((wall, cpu))
                     print(f"{framework} {name} round {r}: {wall:.2f} s, {cpu:.2f} CPU s", flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     rows = []
     for framework in frameworks:
         b = [statistics.median(x[i] for x in results[(framework, "before")]) for i in (0, 1)]
