@@ -74,7 +74,7 @@ class _TwoRanks:
 
 
 @pytest.mark.serial      # times real compression against a simulated link: no other job beside it
-def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes():
+def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_bytes(monkeypatch):
     """`measure` runs each candidate's exchange as training would (Horovod's allreduce for none and fp16, the
     toolkit's exchange with its compression for bf16 and int8) on a gradient of the model's size: on a 10 MB/s
     link int8's quarter of the bytes is the cheapest and picked; on a link far faster than compressing, the
@@ -89,9 +89,38 @@ def test_each_candidates_exchange_is_timed_and_a_slow_link_picks_the_fewest_byte
     assert auto.pick(slow, {"none"})[0] == "int8"
     fast = auto.measure(_TwoRanks(config, 1e12), options, values, (1, 2))
     assert auto.pick(fast, {"none"})[0] == "none"
+    monkeypatch.setattr(auto, "CAP", 1 << 20)        # a gradient over CAP values, quickly
     big = auto.measure(_TwoRanks(config, 1e8), options[:1], 4 * auto.CAP, (1, 2))
     small = auto.measure(_TwoRanks(config, 1e8), options[:1], auto.CAP, (1, 2))
     assert big["none"] == pytest.approx(4 * small["none"], rel=0.2)
+
+
+class _OnceFast(_TwoRanks):
+    """none's allreduce takes 60 ms but once 2 ms (its first timed round); every allgather (int8's form at two
+    ranks) 20 ms: a candidate whose fastest round is not its usual one."""
+    def __init__(self, config: Config):
+        super().__init__(config, 1e12)
+        self.reduces = 0
+
+    def allreduce(self, array, average=True, name=None, group=None):
+        self.reduces += 1
+        time.sleep(0.002 if self.reduces == 2 else 0.06)
+        return array
+
+    def allgather(self, array, group=None):
+        time.sleep(0.02)
+        return np.concatenate([array, array])
+
+
+def test_a_candidate_counts_its_median_round_not_its_fastest(monkeypatch):
+    """A step pays the exchange's usual time: none, fast once in its rounds and slow in the others, loses to int8,
+    steadily between the two."""
+    monkeypatch.setattr(auto, "MIN_SECONDS", 0.0)      # ROUNDS timed rounds, whatever a round takes
+    config = _config()
+    options = [(label, c) for label, c in auto.candidates(config, (1, 2), groups=False) if label in ("none", "int8")]
+    measured = auto.measure(_OnceFast(config), options, 1000, (1, 2))
+    assert measured["none"] > 0.05 and 0.015 < measured["int8"] < 0.04
+    assert auto.pick(measured, {"none"})[0] == "int8"
 
 
 def test_an_exact_method_within_five_percent_of_the_fastest_is_picked():

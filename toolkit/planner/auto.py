@@ -11,8 +11,11 @@ At the first `session.setup()` (the model's gradient size is known, nothing is w
    allreduce for none, fp16 (a float16 allreduce and a cast each way; DDP's fp16 and bf16 hooks on native), and
    the toolkit's exchange (toolkit/exchange/) for bf16 and int8, flat and, on hosts of several ranks,
    hierarchical (float32 hierarchical too), compression included, on the session's device. Rounds in turn, so a
-   slow spell of the machine hits each alike; each rank keeps its fastest round, and the slowest rank's figure
-   counts, so every rank decides alike. On one host only the backend's own methods are candidates: inside a host
+   slow spell of the machine hits each alike; each rank keeps its median round, and the slowest rank's figure
+   counts, so every rank decides alike. The median, not the fastest round: a step pays the exchange's usual
+   time, and where a candidate's own collectives contend its times spread (measured on 2 x 2 namespace hosts
+   sharing 2 cores at 1 Gbit/s: bf16 1052, 209 and 983 ms in three rounds, int8 162, 249 and 341 ms; their
+   fastest rounds tied them, their medians do not). On one host only the backend's own methods are candidates: inside a host
    the links are the fast ones, and the toolkit's compression pays only across slow links (docs/COMMUNICATION.md
    measures it). Horovod's fp16 is a candidate on GPUs only (`candidates` says why).
 3. **Picks** the cheapest, unless an exact method (none, float32 hierarchical) is within 5% or half a
@@ -30,6 +33,7 @@ the JSON summary has it as `compression_auto`. Chosen once a job: a resumed job 
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -41,8 +45,11 @@ from toolkit.exchange.wire import Link
 from toolkit.planner import calibration
 
 SIZES = (64 * 1024, 4 * 1024 * 1024)    # bytes of the link probe's allreduces (float32 values)
-CAP = 1 << 22                           # values a candidate's exchange is timed on at most (16 MB of float32)
-ROUNDS = 3                              # timed rounds (the fastest counts), after one untimed
+CAP = 1 << 24                           # values a candidate's exchange is timed on at most (64 MB of float32):
+# scaling by size misranks forms whose time is not proportional to it; measured on 2 x 2 namespace hosts at
+# 1 Gbit/s, a 10.5M-value gradient timed on 4M values ranked int8 hierarchical first (its whole step 1.58 s),
+# timed whole it ranked int8 flat first (0.58 s), in 40 s of measuring against 22 s
+ROUNDS = 3                              # timed rounds (their median counts), after one untimed
 MIN_SECONDS, MAX_ROUNDS = 0.5, 40       # more rounds where they take less than this in all (quick exchanges)
 DROP = 2.0                              # a candidate over this times the fastest is timed no more
 TOLERANCE = 0.05                        # an exact method within this of the fastest is chosen,
@@ -225,7 +232,7 @@ def _runner(label: str, cfg: Config, session, ops, flat, levels):
 
 def measure(session, options: list[tuple[str, Config]], values: int, shape: tuple[int, int]) -> dict[str, float]:
     """Collective: label -> seconds of one step's exchange of a `values`-value gradient (timed on at most CAP
-    values, scaled by size), the slowest rank's fastest round. The candidates run in turn each round, the first
+    values, scaled by size), the slowest rank's median round. The candidates run in turn each round, the first
     round untimed; after each timed round the ranks agree on the figures so far, and from the second on drop a
     candidate over DROP times the fastest (its figure stays: it cannot win). A candidate the backend cannot run is
     left out."""
@@ -234,7 +241,7 @@ def measure(session, options: list[tuple[str, Config]], values: int, shape: tupl
     flat = ops.random_normal(n, seed=0)
     levels = _levels(session, shape)[0] if any(c.hierarchical_exchange for _, c in options) else None
     runs = {label: _runner(label, cfg, session, ops, flat, levels) for label, cfg in options}
-    mine: dict[str, float] = {}         # this rank's fastest round of each
+    mine: dict[str, list] = {}          # this rank's timed rounds of each
     agreed: dict[str, float] = {}       # the slowest rank's, after each round
     alive, failed = list(runs), set()
     rounds, r = ROUNDS, 0
@@ -248,13 +255,13 @@ def measure(session, options: list[tuple[str, Config]], values: int, shape: tupl
                 failed.add(label)       # on every rank alike: the same collective refused everywhere
                 continue
             if r:
-                mine[label] = min(mine.get(label, float("inf")), time.perf_counter() - start)
+                mine.setdefault(label, []).append(time.perf_counter() - start)
         alive = [label for label in alive if label not in failed]
         if r == 0:      # quick exchanges are jitter (Horovod's cycle): more rounds, as many on every rank
             first = max(session.allgather_object(time.perf_counter() - start_round, name="toolkit.auto.round"))
             rounds = int(min(MAX_ROUNDS, max(ROUNDS, MIN_SECONDS / max(first, 1e-6))))
         elif alive:
-            agreed.update(zip(alive, _slowest(session, [mine[label] for label in alive])))
+            agreed.update(zip(alive, _slowest(session, [statistics.median(mine[label]) for label in alive])))
             fastest = min(agreed[label] for label in alive)
             if r >= 2:      # two timed rounds each before any is dropped (one can be a slow spell)
                 alive = [label for label in alive if agreed[label] <= DROP * fastest]
