@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from toolkit.adapters import batches as batches_module
 from toolkit.adapters import randomness
 from toolkit.adapters.base import Session
-from toolkit.adapters.torch import sharded
+from toolkit.adapters.torch import sharded, staging
 from toolkit.adapters.torch.precision import Precision
 from toolkit.config import CheckpointFormat, Optimizer
 from toolkit.data.batch import leading_size, map_structure
@@ -45,6 +45,7 @@ class TorchSession(Session):
     _loss: Any                  # the step's summed micro-batch losses (backward)
     _saving: Any                # the parts' whole states, from _gather_objects to _save_objects
     _shards_written: Any = None  # checkpoint_async, sharded on every rank: what waits for this rank's write
+    _staged: Any = None         # checkpoint_async: the host copy the save before was written from (staging.py)
 
     @property
     def torch_device(self) -> torch.device:
@@ -379,13 +380,15 @@ class TorchSession(Session):
 
     def _writer(self, copy: bool):
         """What writes state.pt (and a sharded checkpoint's whole state through rank 0) into a folder; `copy`
-        (checkpoint_async): every tensor copied to host memory now, written later in the background."""
-        keep = _host_copy if copy else (lambda value: value)
+        (checkpoint_async): every tensor copied to host memory now (into the save before's copy), written later
+        in the background."""
         whole, names = None, []
         if self._sharded_format and not self.shards_on_every_rank:     # rank 0 alone: the whole state, as DCP's
-            whole, self._saving = keep(self._saving), None
+            whole, self._saving = self._saving, None
             names = [sharded.names(p, self.strategy) for p in self.parts]
-        state = keep(self._state())
+        state = self._state()
+        if copy:
+            whole, state = self._staged = staging.host_copy((whole, state), self._staged)
 
         def write(folder: Path) -> None:
             if whole is not None:
@@ -428,21 +431,6 @@ class TorchSession(Session):
         (a collective: every rank gathers it)."""
         models = [self.strategy.unwrap(p.model) for p in self.parts] or [self.model]
         return [[_whole(v.detach()).cpu().numpy() for m in models for v in m.state_dict().values()]]
-
-
-def _host_copy(value):
-    """A state's containers rebuilt and its tensors copied to the CPU (their own storage: the training that goes
-    on cannot change them); anything else copied as it is."""
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, Mapping):
-        out = type(value)((k, _host_copy(v)) for k, v in value.items())
-        if hasattr(value, "_metadata"):      # a module's state_dict: the layers' versions, as torch.save keeps them
-            out._metadata = copy.deepcopy(value._metadata)
-        return out
-    if isinstance(value, (list, tuple)):
-        return type(value)(_host_copy(v) for v in value)
-    return copy.deepcopy(value)
 
 
 def _whole(tensor):

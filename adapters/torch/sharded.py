@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from toolkit.adapters.torch import staging
 from toolkit.config import Sharding
 from toolkit.errors import ToolkitError
 
@@ -110,7 +111,8 @@ def save_async(parts, strategy, folder: Path):
     global _GROUP
     if _GROUP is None:
         _GROUP = dist.new_group(backend="gloo")
-    future: Any = dcp.async_save(_states(parts, strategy), checkpoint_id=str(folder), process_group=_GROUP)
+    future: Any = dcp.async_save(_states(parts, strategy), checkpoint_id=str(folder), process_group=_GROUP,
+                                 async_stager=staging.dcp_stager())
 
     def wait() -> None:
         try:
