@@ -7,17 +7,17 @@ At the first `session.setup()` (the model's gradient size is known, nothing is w
    (one host, or one rank a host: among every rank); a link (latency, bandwidth) is fitted to each level
    (toolkit/planner/calibration.py's terms). They are reported, and explain the choice; they do not make it.
 2. **Times each candidate's exchange** (`measure`) on a gradient of the model's size (at most `CAP` values; a
-   larger gradient's times are scaled by its size), through the code that then runs: the backend's own
-   allreduce for none, fp16 (a float16 allreduce and a cast each way; DDP's fp16 and bf16 hooks on native), and
-   the toolkit's exchange (toolkit/exchange/) for bf16 and int8, flat and, on hosts of several ranks,
-   hierarchical (float32 hierarchical too), compression included, on the session's device. Rounds in turn, so a
-   slow spell of the machine hits each alike; each rank keeps its median round, and the slowest rank's figure
-   counts, so every rank decides alike. The median, not the fastest round: a step pays the exchange's usual
-   time, and where a candidate's own collectives contend its times spread (measured on 2 x 2 namespace hosts
-   sharing 2 cores at 1 Gbit/s: bf16 1052, 209 and 983 ms in three rounds, int8 162, 249 and 341 ms; their
-   fastest rounds tied them, their medians do not). On one host only the backend's own methods are candidates: inside a host
-   the links are the fast ones, and the toolkit's compression pays only across slow links (docs/COMMUNICATION.md
-   measures it). Horovod's fp16 is a candidate on GPUs only (`candidates` says why).
+   larger gradient's times are scaled by its size), through the code that then runs: the backend's own allreduce
+   for none, fp16 (a float16 allreduce and a cast each way; DDP's fp16 and bf16 hooks on native), and the toolkit's
+   exchange (toolkit/exchange/) for bf16 and int8, flat and, on hosts of several ranks, hierarchical (float32
+   hierarchical too), compression included, on the session's device. Rounds in turn, so a slow spell of the machine
+   hits each alike; each rank keeps its median round, and the slowest rank's figure counts, so every rank decides
+   alike. The median, not the fastest round: a step pays the exchange's usual time, and where a candidate's own
+   collectives contend its times spread (measured on 2 x 2 namespace hosts sharing 2 cores at 1 Gbit/s: bf16 1052,
+   209 and 983 ms in three rounds, int8 162, 249 and 341 ms; their fastest rounds tied them, their medians do not).
+   On one host only the backend's own methods are candidates: inside a host the links are the fast ones, and the
+   toolkit's compression pays only across slow links (docs/COMMUNICATION.md measures it). Horovod's fp16 is a
+   candidate on GPUs only (`candidates` says why).
 3. **Picks** the cheapest, unless an exact method (none, float32 hierarchical) is within 5% or half a
    millisecond of it.
 
