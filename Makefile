@@ -26,8 +26,7 @@ demo: setup
 # Horovod must import for every framework first: a broken build fails here instead of skipping
 # most of the suite. -rs prints every skip's reason. Its setup adds the engines (a target's variable
 # reaches its prerequisites). The suite runs on TEST_WORKERS pytest workers (pytest-xdist; a whole file
-# per worker, so a module's cluster or baseline is made once; the longest files first: tests/conftest.py's
-# LONGEST_FIRST; 0: in one process), then the tests marked
+# per worker, so a module's cluster or baseline is made once; 0: in one process), then the tests marked
 # `serial` alone, one at a time (shaped links, kills timed into a write); both parts always run.
 TEST_WORKERS ?= 2
 test: ENGINES = ray,spark
@@ -35,8 +34,7 @@ test: setup
 	$(BIN)/toolkit doctor --framework all
 	$(MAKE) --no-print-directory lint types
 	export TOOLKIT_REQUIRE_ENGINES=1; \
-	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" tests; \
-	rest=$$?; \
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests; rest=$$?; \
 	$(BIN)/python -m pytest -q -rs -m serial tests && exit $$rest     # the Ray and Spark tests run, not skip
 
 # The fast tier, before every commit (under 5 minutes on 2 cores): lint, types, the unit tests and one

@@ -24,23 +24,6 @@ if os.environ.get("TOOLKIT_TEST_JOBLOG"):
     joblog.install(os.environ["TOOLKIT_TEST_JOBLOG"])
 
 
-# The files whose tests take longest, longest first (by file, from the clean-clone runs' `--durations` in
-# tests/README.md's "Suite time"). `make test`'s first phase hands whole files to its two workers in collection
-# order (`--no-loadscope-reorder`; xdist's default orders files by their number of tests, which put the Spark and
-# Ray files, few tests and minutes of work, last): started first, the long files leave the short ones for the end,
-# and no worker runs a long file alone while the other has nothing left. The other files follow in name order.
-LONGEST_FIRST = ("test_distributed.py", "test_distributed_communication.py", "test_api.py", "test_workloads.py",
-                 "test_precision.py", "test_native_torch.py", "test_readme.py", "test_tensorflow_paths.py",
-                 "test_spark.py", "test_numerics.py", "test_install.py", "test_ray.py", "test_shards.py",
-                 "test_elastic.py", "test_tf_usercode.py", "test_ps.py", "test_fault_tolerance.py", "test_compile.py",
-                 "test_export.py", "test_mlflow.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: a file's own order kept
-
-
 # Set by libraries on their first import (scikit-learn, MXNet's OpenMP), not by the code under test.
 IMPORT_SIDE_EFFECTS = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
                        "CRC32C_SW_MODE",    # tensorboardX (crc32c) on import
