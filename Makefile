@@ -1,6 +1,6 @@
 # The two commands a newcomer needs: `make demo` (a real 2-rank training) and `make test`.
-# Both run `make setup` first, which is idempotent and cached (seconds when nothing changed; about 2 min in a
-# fresh clone with warm caches; the first one builds Horovod: docs/BENCHMARKS.md).
+# Both run `make setup` first, which is idempotent and cached (seconds when nothing changed; seconds in a fresh
+# clone whose pins an earlier setup kept, ~/.cache/toolkit/venvs; the first one builds Horovod: docs/BENCHMARKS.md).
 PYTHON ?= python3.11
 # Each Python its own virtualenv: .venv for the pinned one (toolkit/install/pins.py), .venv-3.12 for
 # `make setup PYTHON=python3.12` (then `make test PYTHON=python3.12` tests that one).

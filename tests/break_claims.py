@@ -36,6 +36,7 @@ W = "tests/test_workloads.py"
 TU = "tests/test_tf_usercode.py"
 MU = "tests/test_mxnet_usercode.py"
 IN = "tests/test_install.py"
+VC = "tests/test_venvcache.py"
 NT = "tests/test_native_torch.py"
 TC, TS = "tests/test_compression.py", "tests/test_scaling.py"
 MH = "tests/test_multihost.py"
@@ -974,6 +975,20 @@ MUTANTS = [
            (("toolkit/planner/scaling.py", "bandwidth=cluster.across(kind).bandwidth / g)",
              "bandwidth=cluster.across(kind).bandwidth)"),),
            (f"{TS}::test_the_hierarchical_exchange_is_priced_on_both_links",)),
+    # setup's kept virtualenv
+    Mutant("venv-cache-old-paths", "a virtualenv linked from the cache runs its scripts with its own python",
+           (("toolkit/install/venvcache.py", "    repath(partial, origin, str(venv.absolute()))\n", "\n"),),
+           (f"{VC}::test_a_kept_virtualenv_is_linked_back_at_a_new_path_and_the_copies_never_change_each_other",)),
+    Mutant("venv-cache-written-in-place", "a linked virtualenv's writes leave the kept copy as it was",
+           (("toolkit/install/venvcache.py", "    tmp.write_text(text)\n    os.replace(tmp, path)\n",
+             "    path.write_text(text)\n"),),
+           (f"{VC}::test_a_kept_virtualenv_is_linked_back_at_a_new_path_and_the_copies_never_change_each_other",)),
+    Mutant("venv-cache-other-toolkit", "setup installs this checkout's toolkit into a linked virtualenv",
+           (("toolkit/install/envsetup.py", "        if restored:        # the kept copy's toolkit", "        if False:  #"),),
+           (f"{VC}::test_setup_links_a_kept_virtualenv_and_installs_this_checkouts_toolkit_into_it",)),
+    Mutant("venv-cache-keeps-all", "the cache keeps the newest two virtualenvs",
+           (("toolkit/install/venvcache.py", "    for old in kept[:-KEEP]:", "    for old in kept[:0]:"),),
+           (f"{VC}::test_the_cache_keeps_the_newest_two_and_can_be_turned_off",)),
 ]
 
 

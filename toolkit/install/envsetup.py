@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
-from toolkit.install import pins
+from toolkit.install import pins, venvcache
 
 ROOT = Path(__file__).resolve().parents[2]       # the checkout: toolkit/install/envsetup.py
 SHIM = Path(__file__).resolve().parents[1] / "shims" / "toolkit_numpy_compat.py"
@@ -129,7 +129,7 @@ def stamped_engines(written: list[str]) -> list[str]:
 
 
 def _write_stamp(stamp: Path, gpu: bool, frameworks: list[str], engines: list[str]) -> None:
-    stamp.write_text(f"{pins_digest(gpu)}\n{','.join(frameworks)}\n{','.join(pins.engine_requirements(engines))}\n")
+    venvcache.replace_text(stamp, f"{pins_digest(gpu)}\n{','.join(frameworks)}\n{','.join(pins.engine_requirements(engines))}\n")
 
 
 def install_engines(python: Path, engines: list[str], gpu: bool, frameworks: list[str], say=None) -> None:
@@ -145,8 +145,8 @@ def install_engines(python: Path, engines: list[str], gpu: bool, frameworks: lis
 
 def install_numpy_shim(site_packages: Path) -> None:
     """MXNet 1.9.1 uses `numpy.bool`, gone in numpy 1.24..1.26; a .pth restores it in every process."""
-    shutil.copyfile(SHIM, site_packages / SHIM.name)
-    (site_packages / "toolkit_numpy_compat.pth").write_text("import toolkit_numpy_compat\n")
+    venvcache.replace_text(site_packages / SHIM.name, SHIM.read_text())
+    venvcache.replace_text(site_packages / "toolkit_numpy_compat.pth", "import toolkit_numpy_compat\n")
 
 
 def default_venv() -> Path:
@@ -230,9 +230,17 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     ensure_system_packages(say, compilers="--wheelhouse" not in build_args)
     ensure_java(say, engines)
     python = _venv_python(venv)
+    kept = venvcache.key(pins_digest(gpu), engines, gpu)
+    created = restored = False
     if not python.exists():
-        say(f"setup: creating {venv}")
-        _run([sys.executable, "-m", "venv", venv], "creating the virtualenv")
+        if venvcache.restore(venv, kept):
+            restored = True
+            say(f"setup: {venv} linked from an identical setup's ({venvcache.root() / kept}; "
+                f"{venvcache.ENV}=0 installs afresh)")
+        else:
+            say(f"setup: creating {venv}")
+            _run([sys.executable, "-m", "venv", venv], "creating the virtualenv")
+            created = True
     elif (theirs := _python_version(python)) != py:
         raise ToolkitError(f"setup: {venv} is Python {theirs}, this is Python {py}: give each Python its own "
                            f"virtualenv (`make setup PYTHON=python{py}` uses {default_venv().name}; or --venv DIR)")
@@ -265,6 +273,9 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     else:
         frameworks = written[1].split(",") if len(written) > 1 else list(pins.HOROVOD_FRAMEWORKS)
         say(f"setup: pinned packages already installed ({', '.join(frameworks)})")
+        if restored:        # the kept copy's toolkit is another checkout's
+            _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                  "--no-build-isolation", "-e", ROOT], "installing the toolkit")
     if todo := [e for e in engines if e not in installed]:
         say(f"setup: installing the engines {', '.join(todo)} ({' '.join(pins.engine_requirements(todo))})")
         install_engines(python, todo, gpu, frameworks, say)
@@ -281,6 +292,8 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     proc = subprocess.run([python, "-m", "toolkit", "build-horovod", *horovod_build_args(gpu, build_args)])
     if proc.returncode != 0:
         raise ToolkitError("setup: `toolkit build-horovod` failed (see above)")
+    if created and venvcache.save(venv, kept):
+        say(f"setup: kept as hard links in {venvcache.root() / kept}: the next checkout's setup links it")
     say(f"setup: ready in {time.monotonic() - start:.0f} s; activate with `source {venv}/bin/activate`")
 
 

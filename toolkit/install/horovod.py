@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
-from toolkit.install import buildlog, pins, support, wheelhouse
+from toolkit.install import buildlog, pins, support, venvcache, wheelhouse
 from toolkit.install import toolchain as toolchain_mod
 from toolkit.install.buildspec import ALL_FRAMEWORKS, BuildSpec
 from toolkit.install.workarounds import WORKAROUNDS, Build, pip
@@ -158,9 +158,9 @@ def _install(wheel: Path, key: str, data: dict | None = None) -> None:
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
     package = Path(list(spec.submodule_search_locations)[0])   # type: ignore[union-attr,arg-type]  # just installed
-    (package / MARKER).write_text(key + "\n")
+    venvcache.replace_text(package / MARKER, key + "\n")      # a new file: a linked virtualenv keeps its own
     if data is not None:
-        (package / BUILD_INFO).write_text(json.dumps(data, indent=1) + "\n")
+        venvcache.replace_text(package / BUILD_INFO, json.dumps(data, indent=1) + "\n")
 
 
 def installed_build() -> dict | None:
