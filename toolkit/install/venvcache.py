@@ -15,11 +15,13 @@ TOOLKIT_VENV_CACHE=0 turns it off.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ENV = "TOOLKIT_VENV_CACHE"
@@ -79,14 +81,20 @@ def save(venv: Path, name: str) -> bool:
     cache.mkdir(parents=True, exist_ok=True)
     if os.stat(cache).st_dev != os.stat(venv).st_dev:
         return False
-    partial = cache / f"{name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    for stale in cache.glob("*.partial-*"):          # a save that died on the way (another process's is newer)
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+    partial = cache / f"{name}.partial-{os.getpid()}"  # two setups saving at once each write their own
     if subprocess.run(["cp", "-al", str(venv), str(partial)], capture_output=True).returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         return False
     (partial / ORIGIN).write_text(str(venv.absolute()) + "\n")
     shutil.rmtree(cache / name, ignore_errors=True)
-    os.rename(partial, cache / name)
+    try:
+        os.rename(partial, cache / name)
+    except OSError:                                  # another setup kept the same one first
+        shutil.rmtree(partial, ignore_errors=True)
     kept = sorted((p for p in cache.iterdir() if (p / ORIGIN).is_file()), key=lambda p: p.stat().st_mtime)
     for old in kept[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
