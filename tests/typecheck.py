@@ -11,15 +11,15 @@ module only when its source's hash matches.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from toolkit.install import cachedir
+
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-             / "toolkit") / "mypy"
+CACHE = cachedir.home() / "mypy"
 
 
 def main() -> int:

@@ -265,7 +265,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
              say)
         if pins.no_deps_requirements(frameworks):
             _run(pip + ["--no-deps"] + pins.no_deps_requirements(frameworks), "pip install of tf-keras")
-        _run(pip + ["--no-deps", "--no-build-isolation", "-e", ROOT], "installing the toolkit")
+        _install_toolkit(python)
         site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        text=True).strip()
         install_numpy_shim(Path(site))
@@ -274,8 +274,7 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
         frameworks = written[1].split(",") if len(written) > 1 else list(pins.HOROVOD_FRAMEWORKS)
         say(f"setup: pinned packages already installed ({', '.join(frameworks)})")
         if restored:        # the kept copy's toolkit is another checkout's
-            _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                  "--no-build-isolation", "-e", ROOT], "installing the toolkit")
+            _install_toolkit(python)
     if todo := [e for e in engines if e not in installed]:
         say(f"setup: installing the engines {', '.join(todo)} ({' '.join(pins.engine_requirements(todo))})")
         install_engines(python, todo, gpu, frameworks, say)
@@ -295,6 +294,12 @@ def setup(venv: Path, build_args: list[str], say=print, gpu: bool = False, engin
     if created and venvcache.save(venv, kept):
         say(f"setup: kept as hard links in {venvcache.root() / kept}: the next checkout's setup links it")
     say(f"setup: ready in {time.monotonic() - start:.0f} s; activate with `source {venv}/bin/activate`")
+
+
+def _install_toolkit(python: Path) -> None:
+    """This checkout's toolkit, editable, into the virtualenv of `python`."""
+    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
+          "-e", ROOT], "installing the toolkit")
 
 
 def horovod_build_args(gpu: bool, build_args: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
-from toolkit.install import buildlog, pins, support, venvcache, wheelhouse
+from toolkit.install import buildlog, cachedir, pins, support, venvcache, wheelhouse
 from toolkit.install import toolchain as toolchain_mod
 from toolkit.install.buildspec import ALL_FRAMEWORKS, BuildSpec
 from toolkit.install.workarounds import WORKAROUNDS, Build, pip
@@ -77,9 +77,7 @@ def patches_key(spec: BuildSpec) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TOOLKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "toolkit")
-    return Path(root) / "horovod"
+    return cachedir.home() / "horovod"
 
 
 def build_env(spec: BuildSpec, workdir: Path, base_env: dict[str, str],

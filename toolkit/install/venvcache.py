@@ -24,15 +24,15 @@ import sys
 import time
 from pathlib import Path
 
+from toolkit.install import cachedir
+
 ENV = "TOOLKIT_VENV_CACHE"
 ORIGIN = ".toolkit-origin"      # in a kept copy: the path it was made at
 KEEP = 2
 
 
 def root() -> Path:
-    base = os.environ.get("TOOLKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "toolkit")
-    return Path(base) / "venvs"
+    return cachedir.home() / "venvs"
 
 
 def enabled() -> bool:
@@ -48,8 +48,15 @@ def key(pins_digest: str, engines, gpu: bool) -> str:
 
 def replace_text(path: Path, text: str) -> None:
     """`path` holds `text`, written as a new file renamed over the old one: a linked copy keeps its own."""
+    replace_bytes(path, text.encode())
+
+
+def replace_bytes(path: Path, data: bytes) -> None:
+    """`path` holds `data` in a new file (the old one's mode) renamed over it."""
     tmp = path.with_name(path.name + ".toolkit-tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
+    if path.exists():
+        shutil.copymode(path, tmp)
     os.replace(tmp, path)
 
 
@@ -110,7 +117,4 @@ def repath(venv: Path, old: str, new: str) -> None:
         data = path.read_bytes()
         if old.encode() not in data or b"\0" in data:
             continue
-        tmp = path.with_name(path.name + ".toolkit-tmp")
-        tmp.write_bytes(data.replace(old.encode(), new.encode()))
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)
+        replace_bytes(path, data.replace(old.encode(), new.encode()))
