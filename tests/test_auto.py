@@ -25,8 +25,9 @@ def _labels(options) -> list:
 def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
     """One host: the backend's own methods (none, and on GPUs Horovod's fp16; DDP's fp16 and bf16 hooks on native).
     Two hosts of two ranks: the toolkit's bf16 and int8, and the hierarchical forms (float32, bf16, int8), each
-    config hierarchical_exchange true, the flat ones false. What the rest of the config refuses is left
-    out: FSDP reduces in float32 (none only), hierarchical_exchange false or true keeps one form, a strategy
+    config hierarchical_exchange true, the flat ones false; Horovod's hierarchical forms on GPUs only, unless
+    hierarchical_exchange is true (on a CPU the flat ones, hierarchical_exchange false). What the rest of the
+    config refuses is left out: FSDP reduces in float32 (none only), hierarchical_exchange false or true keeps one form, a strategy
     without groups of ranks has no hierarchical form."""
     assert _labels(auto.candidates(_config(), (2, 1))) == ["none"]
     assert _labels(auto.candidates(_config(), (2, 1), gpu=True)) == ["none", "fp16"]
@@ -41,8 +42,14 @@ def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
     assert chosen["fp32 hierarchical"].toolkit_exchange
     assert chosen["int8"].error_feedback is True        # the chosen config is complete (its derived defaults)
     assert _labels(auto.candidates(_config(), (2, 2), groups=False)) == ["none", "bf16", "int8"]
+    cpu = auto.candidates(_config(), (2, 2))      # Horovod on a CPU: no hierarchical form, the flat ones stay flat
+    assert _labels(cpu) == ["none", "bf16", "int8"]
+    assert all(c.hierarchical_exchange is False for _, c in cpu)
+    assert _labels(auto.candidates(_config(backend="native"), (2, 2))) == [
+        "none", "fp16", "bf16", "int8", "fp32 hierarchical", "bf16 hierarchical", "int8 hierarchical"]
     assert _labels(auto.candidates(_config(hierarchical_exchange=False), (2, 2))) == ["none", "bf16", "int8"]
-    assert _labels(auto.candidates(_config(hierarchical_exchange=True), (2, 2))) == [
+    assert _labels(auto.candidates(_config(hierarchical_exchange=True), (2, 2))) == _labels(
+        auto.candidates(_config(hierarchical_exchange=True), (2, 2), gpu=True)) == [
         "fp32 hierarchical", "bf16 hierarchical", "int8 hierarchical"]
     fsdp = _config(backend="native", sharding="fsdp")
     assert _labels(auto.candidates(fsdp, (2, 1))) == ["none"]

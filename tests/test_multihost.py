@@ -178,9 +178,9 @@ def test_compression_auto_picks_a_compressed_exchange_when_the_link_between_host
     """2 hosts x 2 ranks, compression: auto, the link between the namespace hosts shaped to 100 Mbit/s each way
     (`netns_hosts.sh shape`), a 1.1M-parameter MLP: the probe measures the link across hosts near its rate (the
     token bucket's 512 KB burst can pass an eighth of a host's 4 MiB probe at the veth's speed)
-    and the one inside a host far above it; of the candidates' exchanges, timed, a compressed one (bf16 or int8;
-    hierarchical, float32 inside a host and compressed across, or flat: the two time close on 2 cores) is the
-    fastest by far and picked, and then runs: its path, identical replicas."""
+    and the one inside a host far above it; of the candidates' exchanges, timed, a compressed one (bf16 or int8,
+    flat: Horovod's hierarchical forms are candidates on GPUs only) is the fastest by far and picked, and then
+    runs: its path, identical replicas."""
     subprocess.run(["bash", SCRIPT, "shape", hosts, "100mbit"], check=True, capture_output=True, timeout=60)
     try:
         out = _four_ranks(hosts, ["--gloo"], *digits("torch"), "--epochs", "1", "--hidden-size", "1024",

@@ -16,8 +16,8 @@ At the first `session.setup()` (the model's gradient size is known, nothing is w
    collectives contend its times spread (measured on 2 x 2 namespace hosts sharing 2 cores at 1 Gbit/s: bf16 1052,
    209 and 983 ms in three rounds, int8 162, 249 and 341 ms; their fastest rounds tied them, their medians do not).
    On one host only the backend's own methods are candidates: inside a host the links are the fast ones, and the
-   toolkit's compression pays only across slow links (docs/COMMUNICATION.md measures it). Horovod's fp16 is a
-   candidate on GPUs only (`candidates` says why).
+   toolkit's compression pays only across slow links (docs/COMMUNICATION.md measures it). Horovod's fp16 and
+   Horovod's hierarchical forms are candidates on GPUs only (`candidates` says why).
 3. **Picks** the cheapest, unless an exact method (none, float32 hierarchical) is within 5% or half a
    millisecond of it.
 
@@ -99,11 +99,17 @@ def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu:
     the hierarchical forms where K > 1, the strategy makes groups of ranks and hierarchical_exchange is not
     false; the flat ones unless hierarchical_exchange is true. Horovod's fp16 only on GPUs (`gpu`): on a CPU
     its float16 sums share the cores with the backward pass it overlaps, which timing it alone does not show
-    (measured: 2.4x none's step on 2 ranks of one host, 1.7x on 2 x 2 hosts at 1 Gbit/s). A candidate the
-    config's rules refuse (its backend, sharding, overlap, ...) is left out."""
+    (measured: 2.4x none's step on 2 ranks of one host, 1.7x on 2 x 2 hosts at 1 Gbit/s). Horovod's hierarchical
+    forms only on GPUs too, unless hierarchical_exchange is true: on a CPU each of a step's collectives through
+    its process sets waits for the set's ranks, which the backward pass beside it holds up and timing the exchange
+    alone does not show (measured on 2 x 2 namespace hosts at 1 Gbit/s: int8 hierarchical timed 0.64-0.96 s and
+    ranked first to third, its step took 1.2-1.9 s, 1.4-2.3x none's; Horovod's timeline showed 0.4-1.1 s of
+    negotiation before collectives of 0.04-0.12 s). A candidate the config's rules refuse (its backend, sharding,
+    overlap, ...) is left out."""
     k, h = shape
-    levels_possible = k > 1 and h > 1 and groups and config.hierarchical_exchange is not False
     native = config.backend.value == "native"
+    split = k > 1 and h > 1 and groups and config.hierarchical_exchange is not False    # the job has two levels
+    levels_possible = split and (native or gpu or config.hierarchical_exchange is True)  # Horovod on a CPU (above)
     own = ("none", "fp16", "bf16") if native else ("none", "fp16")
     out = []
     for label, name, form in CANDIDATES:
@@ -117,7 +123,7 @@ def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu:
             continue
         values = config.to_dict()
         values["compression"] = name
-        values["hierarchical_exchange"] = (True if form == "levels" else False if levels_possible
+        values["hierarchical_exchange"] = (True if form == "levels" else False if split
                                            else config.hierarchical_exchange)
         try:
             out.append((label, Config.from_dict(values)))
