@@ -55,6 +55,12 @@ def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
     assert _labels(auto.candidates(fsdp, (2, 1))) == ["none"]
 
 
+def test_every_frameworks_gpu_counts_as_one():
+    """Horovod's fp16 and hierarchical forms are candidates on GPUs, whichever framework names the device."""
+    assert all(auto.on_gpu(d) for d in ("cuda:0", "gpu:0", "gpu(1)"))
+    assert not any(auto.on_gpu(d) for d in ("cpu", "cpu(0)"))
+
+
 class _TwoRanks:
     """A session of two ranks on two hosts, in one process, whose collectives take `bandwidth` bytes/s through
     the link (allreduce and allgather: the buffer once) and return what two identical ranks would."""
