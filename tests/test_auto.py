@@ -136,6 +136,50 @@ def test_a_candidate_counts_its_median_round_not_its_fastest(monkeypatch):
     assert auto.pick(measured, {"none"})[0] == "int8"
 
 
+class _TwoByTwo:
+    """Rank 0 of a job of 2 hosts x 2 ranks on Horovod, in one process: every rank's buffers are rank 0's; it
+    records its process sets made and given back, and the candidates' collectives, in order."""
+    world_size, rank, local_rank, local_size, device = 4, 0, 0, 2, "cpu"
+
+    def __init__(self, config: Config):
+        from types import SimpleNamespace
+        self.config, self.events = config, []
+        self.strategy = SimpleNamespace(name="horovod", groups=True, new_group=self._new_group,
+                                        drop_groups=lambda: self.events.append("drop groups"))
+
+    def _new_group(self, ranks):
+        self.events.append(f"group {ranks}")
+        return tuple(ranks)
+
+    def allgather_object(self, obj, name):
+        return [(r % 2, 2) for r in range(4)] if name == "toolkit.auto.places" else [obj] * 4
+
+    def allreduce(self, array, average=True, name=None, group=None):
+        self.events.append("allreduce" if group is None else "group allreduce")
+        return array
+
+    def allgather(self, array, group=None):
+        self.events.append("allgather")
+        return np.concatenate([array] * 4)
+
+    def alltoall(self, array, splits, group=None):
+        self.events.append("alltoall")
+        return np.concatenate([array[:splits[0]]] * 4)
+
+
+def test_the_probes_groups_are_given_back_before_flat_candidates_are_timed():
+    """Horovod on a CPU, 2 x 2: the link probe times allreduces inside the process sets it makes; no hierarchical
+    form is a candidate there, so the sets are given back before none, bf16 and int8 are timed (Horovod negotiates
+    every process set each cycle, which slows the flat methods beside them)."""
+    session = _TwoByTwo(_config())
+    choice = auto.choose(session, 4 * 256 * 40)
+    assert set(choice.measured) == {"none", "bf16", "int8"}
+    events = session.events
+    assert events.index("drop groups") > max(i for i, e in enumerate(events) if e.startswith("group ["))
+    assert events.index("drop groups") > max(i for i, e in enumerate(events) if e == "group allreduce")
+    assert events.index("drop groups") < min(events.index(e) for e in ("allreduce", "alltoall", "allgather"))
+
+
 def test_an_exact_method_within_five_percent_of_the_fastest_is_picked():
     assert auto.pick({"none": 1.04, "fp16": 1.0, "int8": 1.2}, {"none"})[0] == "none"
     assert auto.pick({"none": 1.4e-3, "fp16": 1.0e-3}, {"none"})[0] == "none"       # within the probe's resolution

@@ -17,7 +17,9 @@ At the first `session.setup()` (the model's gradient size is known, nothing is w
    209 and 983 ms in three rounds, int8 162, 249 and 341 ms; their fastest rounds tied them, their medians do not).
    On one host only the backend's own methods are candidates: inside a host the links are the fast ones, and the
    toolkit's compression pays only across slow links (docs/COMMUNICATION.md measures it). Horovod's fp16 and
-   Horovod's hierarchical forms are candidates on GPUs only (`candidates` says why).
+   Horovod's hierarchical forms are candidates on GPUs only (`candidates` says why). Where no hierarchical form
+   is a candidate, the groups the link probe made are given back before the candidates are timed: Horovod
+   negotiates every process set each cycle, and the flat methods ran 1.3-1.6x slower beside them.
 3. **Picks** the cheapest, unless an exact method (none, float32 hierarchical) is within 5% or half a
    millisecond of it.
 
@@ -307,6 +309,8 @@ def choose(session, values: int) -> Choice:
         why = "one rank: nothing crosses the wire" if session.world_size <= 1 else "the only method this config allows"
         return Choice(label, by_label[label], {}, None, why)
     links = probe(session, shape)
+    if not any(c.hierarchical_exchange for _, c in options):
+        session.strategy.drop_groups()      # the probe's groups given back: the candidates are timed as they run
     measured = measure(session, options, values, shape)
     label, why = pick(measured, {lb for lb, c in options if c.compression is Compression.NONE})
     said = [f"{where} {_rate(link.bandwidth)}" for where, link in (("inside a host", links.inside),
