@@ -51,8 +51,8 @@ METHODS = [
     ("PowerSGD rank 1", ["--compression", "powersgd", "--powersgd-rank", "1"]),
     ("PowerSGD rank 2", ["--compression", "powersgd", "--powersgd-rank", "2"]),
     ("PowerSGD rank 4", ["--compression", "powersgd", "--powersgd-rank", "4"]),
-    # the exchange's two forms side by side (bf16 and int8 above: hierarchical where the job has several
-    # hosts of several ranks, flat elsewhere), and torch's own engine
+    # the exchange's two forms side by side (bf16 and int8 above: flat on Horovod on a CPU, hierarchical where
+    # the job has several hosts of several ranks on GPUs or backend native), and torch's own engine
     ("bf16 flat", ["--compression", "bf16", "--no-hierarchical-exchange"]),
     ("int8 flat", ["--compression", "int8", "--no-hierarchical-exchange"]),
     ("fp32 hierarchical", ["--hierarchical-exchange"]),

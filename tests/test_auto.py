@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import one_line_error, toolkit
 from toolkit.config import Config, ConfigError
+from toolkit.exchange import hierarchy
 from toolkit.exchange.wire import Link
 from toolkit.planner import auto
 
@@ -57,8 +58,8 @@ def test_candidates_are_what_the_config_allows_at_the_jobs_shape():
 
 def test_every_frameworks_gpu_counts_as_one():
     """Horovod's fp16 and hierarchical forms are candidates on GPUs, whichever framework names the device."""
-    assert all(auto.on_gpu(d) for d in ("cuda:0", "gpu:0", "gpu(1)"))
-    assert not any(auto.on_gpu(d) for d in ("cpu", "cpu(0)"))
+    assert all(hierarchy.on_gpu(d) for d in ("cuda:0", "gpu:0", "gpu(1)"))
+    assert not any(hierarchy.on_gpu(d) for d in ("cpu", "cpu(0)"))
 
 
 class _TwoRanks:
@@ -152,7 +153,7 @@ class _TwoByTwo:
         return tuple(ranks)
 
     def allgather_object(self, obj, name):
-        return [(r % 2, 2) for r in range(4)] if name == "toolkit.auto.places" else [obj] * 4
+        return [(r % 2, 2) for r in range(4)] if name in ("toolkit.auto.places", "toolkit.hierarchy") else [obj] * 4
 
     def allreduce(self, array, average=True, name=None, group=None):
         self.events.append("allreduce" if group is None else "group allreduce")
@@ -178,6 +179,24 @@ def test_the_probes_groups_are_given_back_before_flat_candidates_are_timed():
     assert events.index("drop groups") > max(i for i, e in enumerate(events) if e.startswith("group ["))
     assert events.index("drop groups") > max(i for i, e in enumerate(events) if e == "group allreduce")
     assert events.index("drop groups") < min(events.index(e) for e in ("allreduce", "alltoall", "allgather"))
+
+
+def test_hierarchical_by_default_on_gpus_and_native_and_on_a_horovod_cpu_only_when_asked():
+    """2 x 2, int8, hierarchical_exchange unset: the hierarchical exchange on GPUs (every framework's name for
+    one) and on torch's native backend; Horovod on a CPU runs the flat one unless hierarchical_exchange is true
+    (toolkit/exchange/hierarchy.py says why)."""
+    from toolkit.exchange import arrays
+
+    def made(device="cpu", backend="horovod", **kw):
+        session = _TwoByTwo(Config.from_dict({"framework": "torch", "compression": "int8", **kw}))
+        session.device, session.strategy.name = device, backend
+        return hierarchy.make(session.config, session, arrays.numpy_ops(), 4 * 256 * 40)
+
+    assert made() is None
+    assert isinstance(made(hierarchical_exchange=True), hierarchy.HierarchicalExchange)
+    for device in ("cuda:0", "gpu:0", "gpu(1)"):
+        assert isinstance(made(device), hierarchy.HierarchicalExchange)
+    assert isinstance(made(backend="native"), hierarchy.HierarchicalExchange)
 
 
 def test_an_exact_method_within_five_percent_of_the_fastest_is_picked():

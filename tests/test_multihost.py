@@ -138,15 +138,17 @@ def _int8_bytes(values: int) -> int:
 
 def test_int8_across_two_hosts_is_hierarchical_the_same_bits_on_horovod_and_torchrun_and_resumes_exactly(
         hosts, tmp_path):
-    """2 hosts x 2 ranks, compression int8 (hierarchical_exchange unset: on for this topology). Horovod's
-    process sets over Gloo: the path names the form; every rank ends with the same model; rank 0 hands to
+    """2 hosts x 2 ranks, compression int8, hierarchical (on Horovod on a CPU as asked, hierarchical_exchange true;
+    on torch's native backend unset: on for this topology). Horovod's process sets over Gloo: the path names the
+    form; every rank ends with the same model; rank 0 hands to
     collectives across hosts only its shard (half of the gradient: whole blocks of 256) compressed, and
     float32 inside its host (the alltoall of the whole gradient, the allgather of its shard). torch's own
     groups under torchrun end with the same bits. A job resumed from the first epoch's checkpoint (every
     rank's residual of its shard restored) ends where the uninterrupted one ended."""
     from tests.helpers import assert_resumed, interrupted_copy, params
     common = [*digits("torch"), "--epochs", "2", "--compression", "int8"]
-    straight = _four_ranks(hosts, ["--gloo"], *common, "--checkpoint-dir", tmp_path / "a")
+    asked = ["--hierarchical-exchange"]
+    straight = _four_ranks(hosts, ["--gloo"], *common, *asked, "--checkpoint-dir", tmp_path / "a")
     assert straight["path"].startswith("toolkit int8 hierarchical (2 hosts x 2 ranks: float32 inside a host, "
                                        "int8 (allgather) across hosts) exchange"), straight["path"]
     assert_replicas(straight, 4)
@@ -159,16 +161,17 @@ def test_int8_across_two_hosts_is_hierarchical_the_same_bits_on_horovod_and_torc
     assert native["final_digests"] == straight["final_digests"]
     cut = interrupted_copy(tmp_path / "a", tmp_path / "b")
     assert {"residuals"} <= set(np.load(cut["folder"] / "communication.npz").files)
-    resumed = _four_ranks(hosts, ["--gloo"], *common, "--checkpoint-dir", tmp_path / "b", "--resume")
+    resumed = _four_ranks(hosts, ["--gloo"], *common, *asked, "--checkpoint-dir", tmp_path / "b", "--resume")
     assert_resumed(resumed, straight, cut)
     assert resumed["final_digests"] == straight["final_digests"]
 
 
 @pytest.mark.parametrize("fw", ["tensorflow", "mxnet"])
 def test_bf16_across_two_hosts_is_hierarchical_in_tensorflow_and_mxnet(hosts, fw):
-    """The same form on Horovod's TensorFlow and MXNet collectives (process sets over Gloo): named in
-    the path, the same model on every rank, and it trains."""
-    out = _four_ranks(hosts, ["--gloo"], *digits(fw), "--epochs", "2", "--compression", "bf16")
+    """The same form on Horovod's TensorFlow and MXNet collectives (process sets over Gloo, hierarchical_exchange
+    true): named in the path, the same model on every rank, and it trains."""
+    out = _four_ranks(hosts, ["--gloo"], *digits(fw), "--epochs", "2", "--compression", "bf16",
+                      "--hierarchical-exchange")
     assert "bf16 hierarchical (2 hosts x 2 ranks" in out["path"], out["path"]
     assert_replicas(out, 4)
     assert out["accuracy"] > 0.5

@@ -193,7 +193,8 @@ class CommunicationConfig:
                                             "host; with compression none, float32 across hosts too. unset = "
                                             "{unset}", unset="auto",
                                       note="(on for compression bf16/int8 when the job has several hosts "
-                                           "with several ranks each)")
+                                           "with several ranks each, on GPUs or backend native; Horovod on a "
+                                           "CPU runs it only when true)")
     overlap: Optional[bool] = _f(None, "torch: the toolkit's exchange in buckets started as the backward pass makes "
                                        "their gradients ready, so it runs beside the rest of the backward pass "
                                        "(compression bf16/int8, flat or hierarchical, every step); unset = "

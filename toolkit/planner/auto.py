@@ -134,12 +134,6 @@ def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu:
     return out
 
 
-def on_gpu(device) -> bool:
-    """Whether a session's device (as its framework names it: torch "cuda:0", TensorFlow "gpu:0", MXNet "gpu(1)";
-    "cpu", "cpu(0)") is a GPU."""
-    return not str(device).startswith("cpu")
-
-
 def shape_of(session) -> tuple[int, int]:
     """(ranks per host, hosts), or (world, 1) where the ranks do not form equal hosts numbered host by host."""
     if session.world_size <= 1:
@@ -299,7 +293,7 @@ def choose(session, values: int) -> Choice:
     t0 = time.perf_counter()
     config = session.config
     shape = shape_of(session)
-    options = candidates(config, shape, session.strategy.groups, gpu=on_gpu(session.device))
+    options = candidates(config, shape, session.strategy.groups, gpu=hierarchy.on_gpu(session.device))
     if not options:
         raise ConfigError("compression: auto found no method this config allows; set compression (none, fp16, "
                           "bf16 or int8)", "compression")
