@@ -99,9 +99,15 @@ def make(config, session, ops, values: int) -> HierarchicalExchange | None:
         return None
     if not asked and 1 in shape:        # one host, or one rank a host: nothing to split
         return None
-    if not asked and session.strategy.name == "horovod" and not on_gpu(session.device):
+    if not asked and not unset_means_levels(session.strategy.name, on_gpu(session.device)):
         return None         # Horovod on a CPU: flat unless asked (the module's docstring)
     return HierarchicalExchange(summing(config, ops), levels(session, shape), config.op is not Op.SUM, values)
+
+
+def unset_means_levels(backend: str, gpu: bool) -> bool:
+    """Whether `hierarchical_exchange` unset runs the hierarchical form (on hosts of several ranks): on GPUs and on
+    torch's native backend, not on Horovod on a CPU (the module's docstring)."""
+    return gpu or backend != "horovod"
 
 
 def on_gpu(device) -> bool:

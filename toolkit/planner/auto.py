@@ -111,7 +111,8 @@ def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu:
     k, h = shape
     native = config.backend.value == "native"
     split = k > 1 and h > 1 and groups and config.hierarchical_exchange is not False    # the job has two levels
-    levels_possible = split and (native or gpu or config.hierarchical_exchange is True)  # Horovod on a CPU (above)
+    levels_possible = split and (config.hierarchical_exchange is True     # not Horovod on a CPU (above)
+                                 or hierarchy.unset_means_levels(config.backend.value, gpu))
     own = ("none", "fp16", "bf16") if native else ("none", "fp16")
     out = []
     for label, name, form in CANDIDATES:
