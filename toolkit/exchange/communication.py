@@ -68,7 +68,7 @@ class Communication:
             cap = int(config.bucket_mb * 2**20) // 4
             # unset: on a GPU where the gradient fills several buckets; not on the CPU, where the exchange's
             # compression takes the cores the backward pass runs on (docs/COMMUNICATION.md measures it)
-            if config.overlap or (str(session.device).startswith("cuda") and len(buckets.plan(sizes, cap)) > 1):
+            if config.overlap or (hierarchy.on_gpu(session.device) and len(buckets.plan(sizes, cap)) > 1):
                 bucketed = buckets.BucketedExchange(
                     lambda m: hierarchy.HierarchicalExchange(hierarchy.summing(config, self.ops), hier.levels, hier.average, m)
                     if hier else make_exchange(config, self.ops), sizes, cap, self.ops)

@@ -106,8 +106,8 @@ def candidates(config: Config, shape: tuple[int, int], groups: bool = True, gpu:
     its process sets waits for the set's ranks, which the backward pass beside it holds up and timing the exchange
     alone does not show (measured on 2 x 2 namespace hosts at 1 Gbit/s: int8 hierarchical timed 0.64-0.96 s and
     ranked first to third, its step took 1.2-1.9 s, 1.4-2.3x none's; Horovod's timeline showed up to 1.06 s
-    of negotiation, median 0.18 s, before collectives of 0.04-0.12 s). A candidate the config's rules refuse (its backend, sharding,
-    overlap, ...) is left out."""
+    of negotiation, median 0.18 s, before collectives of 0.04-0.12 s). A candidate the config's rules refuse
+    (its backend, sharding, overlap, ...) is left out."""
     k, h = shape
     native = config.backend.value == "native"
     split = k > 1 and h > 1 and groups and config.hierarchical_exchange is not False    # the job has two levels
